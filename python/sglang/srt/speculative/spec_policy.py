@@ -1,0 +1,338 @@
+"""Load-aware speculative decoding: the per-step policy and its server args.
+
+Speculation (EAGLE / EAGLE-3, draft trees included) pays off when the running
+decode batch is small and costs throughput when it is large. A speculative
+server with ``--speculative-disable-batch-threshold N`` therefore decides once
+per decode step whether to speculate or to run a plain decode step (one token
+per request, the same forward as a server without speculation):
+
+* plain as soon as the running decode batch size ``bs >= N``;
+* speculative again once ``bs <= M`` (``--speculative-enable-batch-threshold``,
+  ``M < N``) *and* the plain mode has lasted at least
+  ``--speculative-load-aware-min-dwell-steps`` decode steps;
+* in between (``M < bs < N``) the current mode is kept (hysteresis).
+
+Speculation therefore only ever runs at ``bs < N``; verify CUDA graphs are only
+needed for those batch sizes.
+
+Everything in this module is pure Python (no torch): the decision is a function
+of the sequence of batch sizes, which is identical on every TP rank, so every
+rank reaches the same decision without any communication. Further signals
+(acceptance, measured step costs) can be added as inputs of ``decide`` later, as
+long as they are rank-identical too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MIN_DWELL_STEPS = 8
+
+# Decision reasons (usable as a small, fixed metric label set).
+REASON_LOW_LOAD = "low_load"  # speculate: bs <= enable threshold
+REASON_HYSTERESIS = "hysteresis"  # keep the current mode: M < bs < N
+REASON_HIGH_LOAD = "high_load"  # plain: bs >= disable threshold
+REASON_DWELL = "dwell"  # plain: bs <= M but the minimum dwell has not elapsed
+DECISION_REASONS = (REASON_LOW_LOAD, REASON_HYSTERESIS, REASON_HIGH_LOAD, REASON_DWELL)
+
+
+def default_enable_batch_threshold(disable_batch_threshold: int) -> int:
+    """Default for ``--speculative-enable-batch-threshold`` given only N.
+
+    ``max(1, N - max(1, N // 4))``: about 25% below N, at least one below N
+    (e.g. N=2 -> 1, N=4 -> 3, N=8 -> 6, N=16 -> 12, N=64 -> 48).
+    """
+    n = disable_batch_threshold
+    return max(1, n - max(1, n // 4))
+
+
+class SpecDecision(NamedTuple):
+    """The mode of one decode step."""
+
+    speculate: bool
+    reason: str
+    # True iff this step's mode differs from the previous step's mode.
+    toggled: bool
+
+
+class SpecPolicy:
+    """Decides, once per decode step, whether the step speculates.
+
+    Starts speculating. Call ``decide`` exactly once per decode step with the
+    running decode batch size of that step; the call advances the state.
+    """
+
+    def __init__(
+        self,
+        disable_batch_threshold: int,
+        enable_batch_threshold: Optional[int] = None,
+        min_dwell_steps: int = DEFAULT_MIN_DWELL_STEPS,
+    ):
+        if enable_batch_threshold is None:
+            enable_batch_threshold = default_enable_batch_threshold(
+                disable_batch_threshold
+            )
+        reason = threshold_error(
+            disable_batch_threshold, enable_batch_threshold, min_dwell_steps
+        )
+        if reason is not None:
+            raise ValueError(reason)
+
+        self.disable_batch_threshold = disable_batch_threshold
+        self.enable_batch_threshold = enable_batch_threshold
+        self.min_dwell_steps = min_dwell_steps
+
+        self._speculating = True
+        # Decode steps taken in the current mode, including the step that
+        # entered it.
+        self._steps_in_mode = 0
+        self.num_toggles = 0
+        self.num_spec_steps = 0
+        self.num_plain_steps = 0
+
+    @classmethod
+    def from_server_args(cls, server_args: ServerArgs) -> Optional["SpecPolicy"]:
+        """The policy of a load-aware server, or None when the feature is off."""
+        if server_args.speculative_disable_batch_threshold is None:
+            return None
+        return cls(
+            disable_batch_threshold=server_args.speculative_disable_batch_threshold,
+            enable_batch_threshold=server_args.speculative_enable_batch_threshold,
+            min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
+        )
+
+    @property
+    def speculating(self) -> bool:
+        """The mode of the last decided step (True before the first step)."""
+        return self._speculating
+
+    def decide(self, batch_size: int) -> SpecDecision:
+        """Decide the mode of the next decode step and advance the state."""
+        if batch_size < 0:
+            raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+
+        if batch_size >= self.disable_batch_threshold:
+            speculate, reason = False, REASON_HIGH_LOAD
+        elif batch_size > self.enable_batch_threshold:
+            speculate, reason = self._speculating, REASON_HYSTERESIS
+        elif self._speculating or self._steps_in_mode >= self.min_dwell_steps:
+            speculate, reason = True, REASON_LOW_LOAD
+        else:
+            speculate, reason = False, REASON_DWELL
+
+        toggled = speculate != self._speculating
+        if toggled:
+            self._speculating = speculate
+            self._steps_in_mode = 0
+            self.num_toggles += 1
+        self._steps_in_mode += 1
+        if speculate:
+            self.num_spec_steps += 1
+        else:
+            self.num_plain_steps += 1
+        return SpecDecision(speculate=speculate, reason=reason, toggled=toggled)
+
+    def get_state(self) -> Dict[str, Any]:
+        """A snapshot for /get_server_info, metrics and logs."""
+        return {
+            "speculating": self._speculating,
+            "num_toggles": self.num_toggles,
+            "num_spec_steps": self.num_spec_steps,
+            "num_plain_steps": self.num_plain_steps,
+            "disable_batch_threshold": self.disable_batch_threshold,
+            "enable_batch_threshold": self.enable_batch_threshold,
+            "min_dwell_steps": self.min_dwell_steps,
+        }
+
+
+# ---------------------------------------------------------------------------
+# Server args: validation and defaults (called from
+# ServerArgs._handle_speculative_decoding).
+# ---------------------------------------------------------------------------
+
+
+def threshold_error(
+    disable_batch_threshold: Optional[int],
+    enable_batch_threshold: Optional[int],
+    min_dwell_steps: int,
+) -> Optional[str]:
+    """Why the thresholds are invalid, or None. Pure."""
+    if disable_batch_threshold is None:
+        if enable_batch_threshold is not None:
+            return (
+                "--speculative-enable-batch-threshold requires "
+                "--speculative-disable-batch-threshold"
+            )
+        return None
+    if disable_batch_threshold < 2:
+        return (
+            "--speculative-disable-batch-threshold must be >= 2 (speculation "
+            f"runs only below it), got {disable_batch_threshold}"
+        )
+    if enable_batch_threshold is not None:
+        if enable_batch_threshold < 1:
+            return (
+                "--speculative-enable-batch-threshold must be >= 1, "
+                f"got {enable_batch_threshold}"
+            )
+        if enable_batch_threshold >= disable_batch_threshold:
+            return (
+                "--speculative-enable-batch-threshold "
+                f"({enable_batch_threshold}) must be smaller than "
+                "--speculative-disable-batch-threshold "
+                f"({disable_batch_threshold})"
+            )
+    if min_dwell_steps < 0:
+        return (
+            "--speculative-load-aware-min-dwell-steps must be >= 0, "
+            f"got {min_dwell_steps}"
+        )
+    return None
+
+
+def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
+    """Why load-aware speculation cannot run with these args, or None. Pure.
+
+    Must be called after the speculative algorithm has been resolved and the
+    v1/v2 worker chosen (``disable_overlap_schedule`` set for v1).
+    """
+    algo = server_args.speculative_algorithm
+    if algo is None:
+        return "it requires --speculative-algorithm EAGLE or EAGLE3"
+    if algo not in ("EAGLE", "EAGLE3"):
+        return (
+            f"--speculative-algorithm {algo} is not supported yet "
+            "(supported: EAGLE, EAGLE3; not NGRAM, STANDALONE, DFLASH, "
+            "FROZEN_KV_MTP)"
+        )
+    if not server_args.disable_overlap_schedule:
+        return (
+            "the spec-v2 overlap worker is not supported yet; "
+            "set SGLANG_ENABLE_SPEC_V2=0 (or --disable-overlap-schedule) "
+            "to use the v1 EAGLE worker until v2 support lands"
+        )
+    unsupported_flags = (
+        ("enable_multi_layer_eagle", "--enable-multi-layer-eagle"),
+        ("enable_dp_attention", "--enable-dp-attention"),
+        ("enable_two_batch_overlap", "--enable-two-batch-overlap"),
+        ("enable_pdmux", "--enable-pdmux"),
+        ("speculative_adaptive", "--speculative-adaptive"),
+        ("enable_lora", "--enable-lora"),
+    )
+    for field, flag in unsupported_flags:
+        if getattr(server_args, field, False):
+            return f"{flag} is not supported yet"
+    if (getattr(server_args, "pp_size", 1) or 1) > 1:
+        return "pipeline parallelism (--pp-size > 1) is not supported yet"
+    return None
+
+
+def resolve_load_aware_server_args(server_args: ServerArgs) -> None:
+    """Validate the load-aware flags and fill defaults. Raises ValueError."""
+    n = server_args.speculative_disable_batch_threshold
+    m = server_args.speculative_enable_batch_threshold
+    error = threshold_error(n, m, server_args.speculative_load_aware_min_dwell_steps)
+    if error is not None:
+        raise ValueError(error)
+    if n is None:
+        return
+
+    reason = load_aware_unsupported_reason(server_args)
+    if reason is not None:
+        raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
+
+    if m is None:
+        server_args.speculative_enable_batch_threshold = (
+            default_enable_batch_threshold(n)
+        )
+    max_running = server_args.max_running_requests
+    if max_running is not None and max_running < n:
+        logger.warning(
+            "--speculative-disable-batch-threshold %d exceeds "
+            "--max-running-requests %d: decode steps never go plain.",
+            n,
+            max_running,
+        )
+
+
+# ---------------------------------------------------------------------------
+# CUDA graph batch sizes.
+# ---------------------------------------------------------------------------
+
+
+def speculative_capture_bs(
+    capture_bs: List[int], disable_batch_threshold: Optional[int]
+) -> List[int]:
+    """Batch sizes at which speculative (verify / draft-decode) graphs are needed.
+
+    Speculation runs only at ``bs <= N - 1``; a batch replays the smallest
+    captured size >= its bs, so keep the sizes up to the smallest captured size
+    >= N - 1. ``capture_bs`` must be sorted ascending; it is not modified.
+    """
+    if disable_batch_threshold is None:
+        return list(capture_bs)
+    max_spec_bs = disable_batch_threshold - 1
+    kept = []
+    for bs in capture_bs:
+        kept.append(bs)
+        if bs >= max_spec_bs:
+            break
+    return kept
+
+
+# ---------------------------------------------------------------------------
+# KV reservation of a decode step.
+# ---------------------------------------------------------------------------
+
+
+class SpecReservationParams(NamedTuple):
+    """What the scheduler reserves per request for the next decode step."""
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+
+# Pinned once per scheduler process at startup (see pin_spec_reservation).
+_pinned_reservation: Optional[SpecReservationParams] = None
+
+
+def _live_reservation(server_args: ServerArgs) -> SpecReservationParams:
+    return SpecReservationParams(
+        num_steps=server_args.speculative_num_steps or 1,
+        topk=server_args.speculative_eagle_topk or 1,
+        num_draft_tokens=server_args.speculative_num_draft_tokens or 1,
+    )
+
+
+def pin_spec_reservation(server_args: ServerArgs) -> SpecReservationParams:
+    """Pin the speculative worst case of a decode step at startup.
+
+    A load-aware server decides the mode of a step after the memory check, so
+    the check must cover a speculative step whatever mode the previous step
+    took, independent of any later mutation of the server args.
+    """
+    global _pinned_reservation
+    _pinned_reservation = _live_reservation(server_args)
+    return _pinned_reservation
+
+
+def unpin_spec_reservation() -> None:
+    global _pinned_reservation
+    _pinned_reservation = None
+
+
+def spec_reservation_params(server_args: ServerArgs) -> SpecReservationParams:
+    """The pinned worst case, never below the live server args."""
+    live = _live_reservation(server_args)
+    if _pinned_reservation is None:
+        return live
+    return SpecReservationParams(
+        *(max(p, c) for p, c in zip(_pinned_reservation, live))
+    )

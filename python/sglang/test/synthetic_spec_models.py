@@ -1,0 +1,626 @@
+"""Synthetic target + EAGLE-3 draft checkpoints with controlled draft acceptance.
+
+No weights can be downloaded in CI, and random-weight checkpoints are useless
+for speculative decoding tests (near-tied logits, accept length ~1.0). This
+module writes, in seconds and without materializing the model in RAM, a target
+checkpoint (``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3MoeForCausalLM``)
+and an EAGLE-3 draft (``LlamaForCausalLMEagle3``) with these properties:
+
+(a) the target's greedy next token is a fixed function ``pi`` of the last token,
+    decided by a large logit margin (bf16-safe);
+(b) the draft proposes ``s(y)`` for its current input token ``y``, where ``s`` is
+    a fixed "successor" function, and ``pi(x) == s(x)`` holds for a fraction
+    ``P`` (``--draft-accept``) of the tokens, so acceptance is a parameter;
+(c) the bytes written are a deterministic function of (preset, P, seed, device,
+    draft vocab size, layer count).
+
+Token map
+---------
+Ids 0, 1, 2 are ``<unk>``, ``<s>``, ``</s>``; they are never generated. The hot
+set ``H`` (the draft vocabulary, ``d2t``/``t2d``) is a seeded random subset of
+the other ids. Its members, sorted, form a cycle ``c_0 < c_1 < ... < c_{n-1}``
+and ``s(c_j) = c_{j+1 mod n}``. Exactly ``round((1 - P) n)`` cycle edges are
+cut (positions drawn without replacement); the resulting segments are shuffled
+into one big cycle, so ``pi(x) = s(x)`` inside a segment and ``pi(x)`` is the
+start of a random segment at a cut. ``pi`` is thus a single cycle over ``H``
+(generation never revisits a token within ``n`` steps), and every other token
+(cold or special) maps to a random hot token.
+
+Weights
+-------
+Every token ``x`` gets a code ``u_x``: a unit vector in the first
+``c = num_kv_heads * head_dim`` hidden dims (the "code dims"), made of
+``2 * num_kv_heads`` independently normalized random chunks of ``head_dim / 2``
+dims. The embedding is ``sqrt(c) * u_x`` padded with zeros; distinct codes are
+near-orthogonal (|<u_x, u_y>| ~ 1/sqrt(c)).
+
+* Target: decoder layers are small random (each layer writes ~``0.05 /
+  sqrt(2L)`` of the embedding norm into the residual stream), so the final
+  hidden state stays dominated by ``e_x``. ``lm_head`` row ``y`` is
+  ``TARGET_LOGIT_SCALE / sqrt(hidden) * sum_{x: pi(x) = y} u_x``, hence the logit
+  of ``pi(x)`` is ~``TARGET_LOGIT_SCALE`` (30) and every other logit is a sum of
+  a few cross terms (typically < 0.5 of it).
+* Draft (one EAGLE-3 layer): in ``llama_eagle3.py`` the layer input is
+  ``cat(input_layernorm(embed), hidden_norm(h))`` and the residual is ``h``
+  (``fc`` of the target's aux hidden states at the first step, the draft's own
+  pre-norm output afterwards). Attention routes the *current* token's code to
+  the output: each kv head ``g`` has q = k = a scaled copy of code chunk
+  ``(g, 0)`` placed only in the slowest-rotating neox RoPE pairs
+  (``head_dim/4 .. head_dim/2``) with ``rope_theta = 1e12``, so a query attends
+  (score ``DRAFT_ATTN_SHARPNESS`` = 64 vs. < ~0.7 of that) to positions holding
+  the same token; value = code slice ``g`` of the embedding minus code slice
+  ``g`` of ``hidden_norm(h)``, and ``o_proj`` maps it back onto the code dims.
+  The minus term cancels the previous step's output carried in the residual.
+  ``fc`` and the MLP are small random and write only outside the code dims.
+  The draft ``lm_head`` row of hot token ``t`` is
+  ``DRAFT_LOGIT_SCALE / sqrt(hidden) * u_{s^{-1}(t)}``, so the draft's top-1 is
+  ``s(y)`` with margin ~``DRAFT_LOGIT_SCALE / 2``. Draft inputs are always hot
+  tokens (generated or drafted), so ``s(y)`` is always in the draft vocab.
+
+Expected accept length
+----------------------
+With verified last token ``x`` the draft chain is ``s(x), s(s(x)), ...`` and
+draft token ``i`` is accepted iff the ``i`` tokens starting at ``x`` all satisfy
+``pi = s``, i.e. with probability ``P^i`` (cut positions are drawn without
+replacement, so up to O(1/n) corrections). Counting the bonus token, the
+expected accept length for a chain of ``k`` steps with topk=1 is
+``1 + P + P^2 + ... + P^k``. With topk > 1 the top-1 chain is still the
+highest-scoring path of the tree (draft top-1 probability ~1), so it is always
+verified; the 2nd..topk-th candidates are pseudo-random hot tokens and only
+add acceptance when they hit the random segment start after a cut, which has
+probability ~``(topk - 1) / n`` (< 1e-3 here), so the same formula applies.
+The first-drafted-token acceptance rate is ``P``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import zlib
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from safetensors.torch import save_file
+
+NUM_SPECIAL_TOKENS = 3
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
+BOS_TOKEN_ID = 1
+EOS_TOKEN_ID = 2
+TARGET_LOGIT_SCALE = 30.0
+DRAFT_LOGIT_SCALE = 30.0
+DRAFT_ATTN_SHARPNESS = 64.0
+DRAFT_ROPE_THETA = 1e12
+TARGET_LAYER_NOISE = 0.05
+DRAFT_FILLER_NOISE = 0.05
+MAX_SHARD_BYTES = 4 * 1024**3
+SPEC_FILE = "synthetic_spec.json"
+# Lower bound of the target's top1 - top2 logit gap that the CPU tests assert.
+TARGET_MIN_MARGIN = 6.0
+DTYPE = torch.bfloat16
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    architecture: str  # "llama", "qwen2" or "qwen3_moe"
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    draft_vocab_size: int
+    draft_intermediate_size: int
+    rope_theta: float
+    max_position_embeddings: int
+    rms_norm_eps: float
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+
+
+PRESETS: Dict[str, Preset] = {
+    "tiny": Preset("llama", 384, 8, 8, 4, 64, 768, 4096, 2048, 768, 10000.0, 8192, 1e-5),
+    "llama8b": Preset(
+        "llama", 4096, 32, 32, 8, 128, 14336, 128256, 32000, 14336, 500000.0, 131072, 1e-5
+    ),
+    "dense32b": Preset(
+        "qwen2", 5120, 64, 40, 8, 128, 27648, 152064, 32000, 27648, 1e6, 32768, 1e-6
+    ),
+    # Qwen3-30B-A3B has 48 layers (~60 GB in bf16); 24 keep it within one H200 host's disk.
+    "qwen3moe": Preset(
+        "qwen3_moe", 2048, 24, 32, 4, 128, 6144, 151936, 32000, 6144, 1e6, 40960, 1e-6,
+        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+    ),
+}
+
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+
+
+@dataclasses.dataclass
+class TokenMap:
+    """pi (target greedy map), s (draft successor, -1 off the cycle), hot ids."""
+
+    next_token: torch.Tensor
+    successor: torch.Tensor
+    hot_token_ids: torch.Tensor
+
+
+def expected_accept_length(p: float, num_steps: int, topk: int = 1) -> float:
+    """E[accepted draft tokens + 1 bonus] = sum_{i=0..num_steps} p^i (any topk, see module doc)."""
+    del topk  # Extra tree candidates add only ~(topk - 1) / draft_vocab_size.
+    return sum(p**i for i in range(num_steps + 1))
+
+
+def build_token_map(
+    vocab_size: int, draft_vocab_size: int, draft_accept: float, seed: int
+) -> TokenMap:
+    if not 0.0 <= draft_accept <= 1.0:
+        raise ValueError(f"draft_accept must be in [0, 1], got {draft_accept}")
+    if not NUM_SPECIAL_TOKENS < draft_vocab_size <= vocab_size:
+        raise ValueError(f"bad draft_vocab_size {draft_vocab_size}")
+    gen = torch.Generator().manual_seed(seed)
+    hot = _choose_hot_tokens(vocab_size, draft_vocab_size, gen)
+    cycle = hot[hot >= NUM_SPECIAL_TOKENS]
+    n = cycle.numel()
+    next_pos = _cut_and_shuffle_cycle(n, draft_accept, gen)
+    next_token = cycle[torch.randint(0, n, (vocab_size,), generator=gen)]
+    next_token[cycle] = cycle[next_pos]
+    successor = torch.full((vocab_size,), -1, dtype=torch.long)
+    successor[cycle] = cycle.roll(-1)
+    return TokenMap(next_token, successor, hot)
+
+
+def _choose_hot_tokens(
+    vocab_size: int, draft_vocab_size: int, gen: torch.Generator
+) -> torch.Tensor:
+    if draft_vocab_size == vocab_size:
+        return torch.arange(vocab_size)
+    regular = torch.randperm(vocab_size - NUM_SPECIAL_TOKENS, generator=gen)
+    return (regular[:draft_vocab_size] + NUM_SPECIAL_TOKENS).sort().values
+
+
+def _cut_and_shuffle_cycle(n: int, p: float, gen: torch.Generator) -> torch.Tensor:
+    """Next cycle position for each position: +1 except after the cut edges."""
+    next_pos = (torch.arange(n) + 1) % n
+    num_cuts = round((1.0 - p) * n)
+    if num_cuts == 0:
+        return next_pos
+    ends = torch.randperm(n, generator=gen)[:num_cuts].sort().values
+    starts = (ends.roll(1) + 1) % n  # segment i runs from starts[i] to ends[i]
+    order = torch.randperm(num_cuts, generator=gen)
+    next_pos[ends[order]] = starts[order.roll(-1)]
+    return next_pos
+
+
+def token_codes(vocab_size: int, num_kv_heads: int, head_dim: int, seed: int) -> torch.Tensor:
+    """Unit codes [vocab, num_kv_heads * head_dim] of equal-norm half-head chunks."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    num_chunks = 2 * num_kv_heads
+    codes = torch.randn(vocab_size, num_chunks, head_dim // 2, generator=gen)
+    codes = codes / codes.norm(dim=-1, keepdim=True) / math.sqrt(num_chunks)
+    return codes.reshape(vocab_size, num_kv_heads * head_dim)
+
+
+def greedy_continuation(next_token: Sequence[int], prompt_ids: Sequence[int], num_tokens: int) -> List[int]:
+    """Intended greedy output of the target for a prompt."""
+    out: List[int] = []
+    last = prompt_ids[-1]
+    for _ in range(num_tokens):
+        last = next_token[last]
+        out.append(last)
+    return out
+
+
+def load_spec(out_dir: str) -> dict:
+    with open(os.path.join(out_dir, SPEC_FILE)) as f:
+        return json.load(f)
+
+
+def next_token_map(out_dir: str) -> List[int]:
+    """pi as a list (index = last token id, value = target's greedy next token)."""
+    return load_spec(out_dir)["next_token"]
+
+
+class ShardWriter:
+    """Writes tensors in <= max_bytes safetensors shards plus an index."""
+
+    def __init__(self, out_dir: str, max_bytes: int = MAX_SHARD_BYTES) -> None:
+        self.out_dir = out_dir
+        self.max_bytes = max_bytes
+        self.pending: Dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.shard_keys: List[List[str]] = []
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.pending and self.pending_bytes + nbytes > self.max_bytes:
+            self._flush()
+        self.pending[name] = tensor.detach().to("cpu").contiguous()
+        self.pending_bytes += nbytes
+
+    def _flush(self) -> None:
+        path = os.path.join(self.out_dir, f"shard-{len(self.shard_keys)}.tmp")
+        save_file(self.pending, path, metadata={"format": "pt"})
+        self.shard_keys.append(sorted(self.pending))
+        self.pending, self.pending_bytes = {}, 0
+
+    def close(self) -> None:
+        if self.pending:
+            self._flush()
+        total = len(self.shard_keys)
+        if total == 1:
+            os.replace(self._tmp(0), os.path.join(self.out_dir, "model.safetensors"))
+            return
+        weight_map: Dict[str, str] = {}
+        for i, keys in enumerate(self.shard_keys):
+            name = f"model-{i + 1:05d}-of-{total:05d}.safetensors"
+            os.replace(self._tmp(i), os.path.join(self.out_dir, name))
+            weight_map.update({k: name for k in keys})
+        size = sum(os.path.getsize(os.path.join(self.out_dir, f)) for f in set(weight_map.values()))
+        _write_json(
+            os.path.join(self.out_dir, "model.safetensors.index.json"),
+            {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))},
+        )
+
+    def _tmp(self, i: int) -> str:
+        return os.path.join(self.out_dir, f"shard-{i}.tmp")
+
+
+class _Filler:
+    """Small random tensors, seeded per tensor name (order independent)."""
+
+    def __init__(self, seed: int, device: str) -> None:
+        self.seed = seed
+        self.device = device
+
+    def randn(self, name: str, shape: Tuple[int, ...], std: float) -> torch.Tensor:
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(zlib.crc32(name.encode()) ^ (self.seed * 0x9E3779B1 % 2**31))
+        out = torch.randn(shape, generator=gen, device=self.device, dtype=torch.float32)
+        return (out * std).to(DTYPE)
+
+
+def _write_json(path: str, obj: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def _ones(n: int, device: str) -> torch.Tensor:
+    return torch.ones(n, dtype=DTYPE, device=device)
+
+
+def _padded(rows: torch.Tensor, width: int) -> torch.Tensor:
+    out = torch.zeros(rows.shape[0], width, dtype=DTYPE, device=rows.device)
+    out[:, : rows.shape[1]] = rows.to(DTYPE)
+    return out
+
+
+def _target_layer_tensors(
+    p: Preset, layer: int, filler: _Filler, device: str
+) -> Iterator[Tuple[str, torch.Tensor]]:
+    d, q_dim, kv_dim = p.hidden_size, p.num_heads * p.head_dim, p.num_kv_heads * p.head_dim
+    code_dims = kv_dim
+    out_std = TARGET_LAYER_NOISE * math.sqrt(code_dims / (2 * p.num_layers * d))
+    prefix = f"model.layers.{layer}."
+    rnd: Callable[[str, Tuple[int, ...], float], torch.Tensor] = lambda n, s, std: filler.randn(
+        prefix + n, s, std
+    )
+    yield prefix + "input_layernorm.weight", _ones(d, device)
+    yield prefix + "post_attention_layernorm.weight", _ones(d, device)
+    for name, rows in (("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim)):
+        yield prefix + f"self_attn.{name}.weight", rnd(f"self_attn.{name}.weight", (rows, d), d**-0.5)
+        if p.architecture == "qwen2":
+            yield prefix + f"self_attn.{name}.bias", rnd(f"self_attn.{name}.bias", (rows,), 0.1)
+    yield prefix + "self_attn.o_proj.weight", rnd("self_attn.o_proj.weight", (d, q_dim), out_std * q_dim**-0.5)
+    if p.architecture == "qwen3_moe":
+        yield prefix + "self_attn.q_norm.weight", _ones(p.head_dim, device)
+        yield prefix + "self_attn.k_norm.weight", _ones(p.head_dim, device)
+        yield prefix + "mlp.gate.weight", rnd("mlp.gate.weight", (p.num_experts, d), d**-0.5)
+        for e in range(p.num_experts):
+            yield from _mlp_tensors(rnd, f"mlp.experts.{e}.", prefix, d, p.moe_intermediate_size, out_std)
+    else:
+        yield from _mlp_tensors(rnd, "mlp.", prefix, d, p.intermediate_size, out_std)
+
+
+def _mlp_tensors(
+    rnd: Callable[[str, Tuple[int, ...], float], torch.Tensor],
+    name: str,
+    prefix: str,
+    d: int,
+    inter: int,
+    out_std: float,
+) -> Iterator[Tuple[str, torch.Tensor]]:
+    yield prefix + name + "gate_proj.weight", rnd(name + "gate_proj.weight", (inter, d), d**-0.5)
+    yield prefix + name + "up_proj.weight", rnd(name + "up_proj.weight", (inter, d), d**-0.5)
+    yield prefix + name + "down_proj.weight", rnd(name + "down_proj.weight", (d, inter), 2 * out_std * inter**-0.5)
+
+
+def _target_lm_head(codes: torch.Tensor, tmap: TokenMap, d: int) -> torch.Tensor:
+    rows = torch.zeros_like(codes).index_add_(0, tmap.next_token.to(codes.device), codes)
+    return _padded(rows * (TARGET_LOGIT_SCALE / math.sqrt(d)), d)
+
+
+def _target_config(p: Preset, num_layers: int) -> dict:
+    cfg = {
+        "architectures": [ARCHITECTURES[p.architecture]],
+        "model_type": p.architecture,
+        "hidden_size": p.hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": p.num_heads,
+        "num_key_value_heads": p.num_kv_heads,
+        "head_dim": p.head_dim,
+        "intermediate_size": p.intermediate_size,
+        "vocab_size": p.vocab_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": p.rms_norm_eps,
+        "rope_theta": p.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": p.rope_theta},
+        "max_position_embeddings": p.max_position_embeddings,
+        "tie_word_embeddings": False,
+        "attention_bias": p.architecture == "qwen2",
+        "bos_token_id": BOS_TOKEN_ID,
+        "eos_token_id": EOS_TOKEN_ID,
+        "torch_dtype": "bfloat16",
+        "initializer_range": 0.02,
+        "use_cache": True,
+    }
+    if p.architecture == "qwen2":
+        cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=num_layers)
+    if p.architecture == "qwen3_moe":
+        cfg.update(
+            num_experts=p.num_experts,
+            num_experts_per_tok=p.num_experts_per_tok,
+            moe_intermediate_size=p.moe_intermediate_size,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+            output_router_logits=False,
+            router_aux_loss_coef=0.001,
+            use_sliding_window=False,
+            sliding_window=None,
+        )
+    return cfg
+
+
+def _write_target(
+    target_dir: str, p: Preset, num_layers: int, codes: torch.Tensor, tmap: TokenMap, filler: _Filler, device: str
+) -> None:
+    d = p.hidden_size
+    writer = ShardWriter(target_dir)
+    writer.add("model.embed_tokens.weight", _embedding(codes, d))
+    for layer in range(num_layers):
+        for name, tensor in _target_layer_tensors(p, layer, filler, device):
+            writer.add(name, tensor)
+    writer.add("model.norm.weight", _ones(d, device))
+    writer.add("lm_head.weight", _target_lm_head(codes, tmap, d))
+    writer.close()
+    _write_json(os.path.join(target_dir, "config.json"), _target_config(p, num_layers))
+    _write_json(
+        os.path.join(target_dir, "generation_config.json"),
+        {"bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID, "do_sample": False},
+    )
+    _write_tokenizer(target_dir, p.vocab_size, p.max_position_embeddings)
+
+
+def _embedding(codes: torch.Tensor, d: int) -> torch.Tensor:
+    return _padded(codes * math.sqrt(codes.shape[1]), d)
+
+
+def _low_freq_dims(head_dim: int, device: str) -> torch.Tensor:
+    """Head dims of the slowest-rotating neox RoPE pairs (both halves)."""
+    quarter = head_dim // 4
+    low = torch.arange(quarter, 2 * quarter, device=device)
+    return torch.cat([low, low + head_dim // 2])
+
+
+def _draft_attention(p: Preset, device: str) -> Dict[str, torch.Tensor]:
+    d, hd, n_kv = p.hidden_size, p.head_dim, p.num_kv_heads
+    heads_per_group = p.num_heads // n_kv
+    scale = math.sqrt(DRAFT_ATTN_SHARPNESS * math.sqrt(hd) * 2 * n_kv / d)
+    low = _low_freq_dims(hd, device)
+    half = torch.arange(hd // 2, device=device)
+    q = torch.zeros(p.num_heads * hd, 2 * d, device=device)
+    k = torch.zeros(n_kv * hd, 2 * d, device=device)
+    v = torch.zeros(n_kv * hd, 2 * d, device=device)
+    o = torch.zeros(d, p.num_heads * hd, device=device)
+    full = torch.arange(hd, device=device)
+    for g in range(n_kv):
+        k[g * hd + low, g * hd + half] = scale
+        v[g * hd + full, g * hd + full] = 1.0
+        v[g * hd + full, d + g * hd + full] = -1.0
+        for h in range(g * heads_per_group, (g + 1) * heads_per_group):
+            q[h * hd + low, g * hd + half] = scale
+            o[g * hd + full, h * hd + full] = 1.0 / heads_per_group
+    return {"q_proj": q, "k_proj": k, "v_proj": v, "o_proj": o}
+
+
+def _draft_lm_head(codes: torch.Tensor, tmap: TokenMap, d: int) -> torch.Tensor:
+    """Row of hot token t = code of s^{-1}(t); zero for hot tokens off the cycle."""
+    on_cycle = torch.nonzero(tmap.successor >= 0).squeeze(1)
+    predecessor = torch.full_like(tmap.successor, -1)
+    predecessor[tmap.successor[on_cycle]] = on_cycle
+    pred = predecessor[tmap.hot_token_ids].to(codes.device)
+    rows = codes[pred.clamp(min=0)] * (pred >= 0).unsqueeze(1)
+    return _padded(rows * (DRAFT_LOGIT_SCALE / math.sqrt(d)), d)
+
+
+def _draft_filler(p: Preset, filler: _Filler, num_code_dims: int) -> Dict[str, torch.Tensor]:
+    """fc and MLP: small random, writing only outside the code dims."""
+    d, inter = p.hidden_size, p.draft_intermediate_size
+    free = d - num_code_dims
+    fc_std = DRAFT_FILLER_NOISE * math.sqrt(d / free) / math.sqrt(3 * num_code_dims)
+    fc = filler.randn("fc.weight", (d, 3 * d), fc_std)
+    down = filler.randn("midlayer.mlp.down_proj.weight", (d, inter), 2 * DRAFT_FILLER_NOISE * inter**-0.5)
+    fc[:num_code_dims] = 0
+    down[:num_code_dims] = 0
+    return {
+        "fc.weight": fc,
+        "midlayer.mlp.gate_proj.weight": filler.randn("midlayer.mlp.gate_proj.weight", (inter, d), d**-0.5),
+        "midlayer.mlp.up_proj.weight": filler.randn("midlayer.mlp.up_proj.weight", (inter, d), d**-0.5),
+        "midlayer.mlp.down_proj.weight": down,
+    }
+
+
+def _draft_config(p: Preset, num_layers: int, draft_vocab_size: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": p.hidden_size,
+        "target_hidden_size": p.hidden_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": p.num_heads,
+        "num_key_value_heads": p.num_kv_heads,
+        "head_dim": p.head_dim,
+        "intermediate_size": p.draft_intermediate_size,
+        "vocab_size": p.vocab_size,
+        "draft_vocab_size": draft_vocab_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": p.rms_norm_eps,
+        "rope_theta": DRAFT_ROPE_THETA,
+        "rope_parameters": {"rope_type": "default", "rope_theta": DRAFT_ROPE_THETA},
+        "max_position_embeddings": p.max_position_embeddings,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "bos_token_id": BOS_TOKEN_ID,
+        "eos_token_id": EOS_TOKEN_ID,
+        "torch_dtype": "bfloat16",
+        "eagle_config": {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": [1, num_layers // 2 - 1, num_layers - 4],
+        },
+    }
+
+
+def _write_draft(
+    draft_dir: str, p: Preset, num_layers: int, codes: torch.Tensor, tmap: TokenMap, filler: _Filler, device: str
+) -> None:
+    d = p.hidden_size
+    writer = ShardWriter(draft_dir)
+    writer.add("embed_tokens.weight", _embedding(codes, d))
+    for name, tensor in _draft_attention(p, device).items():
+        writer.add(f"midlayer.self_attn.{name}.weight", tensor.to(DTYPE))
+    for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        writer.add(f"midlayer.{name}.weight", _ones(d, device))
+    for name, tensor in _draft_filler(p, filler, codes.shape[1]).items():
+        writer.add(name, tensor)
+    writer.add("norm.weight", _ones(d, device))
+    writer.add("lm_head.weight", _draft_lm_head(codes, tmap, d))
+    hot = tmap.hot_token_ids
+    writer.add("d2t", hot - torch.arange(hot.numel()))
+    t2d = torch.zeros(p.vocab_size, dtype=torch.bool)
+    t2d[hot] = True
+    writer.add("t2d", t2d)
+    writer.close()
+    _write_json(os.path.join(draft_dir, "config.json"), _draft_config(p, num_layers, hot.numel()))
+
+
+def _write_tokenizer(out_dir: str, vocab_size: int, max_length: int) -> None:
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{i}": i for i in range(NUM_SPECIAL_TOKENS, vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    unk, bos, eos = SPECIAL_TOKENS
+    _write_json(
+        os.path.join(out_dir, "tokenizer_config.json"),
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "unk_token": unk,
+            "bos_token": bos,
+            "eos_token": eos,
+            "pad_token": unk,
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": max_length,
+        },
+    )
+
+
+def _write_spec(out_dir: str, preset: str, p: Preset, num_layers: int, draft_accept: float, seed: int, tmap: TokenMap) -> None:
+    _write_json(
+        os.path.join(out_dir, SPEC_FILE),
+        {
+            "preset": preset,
+            "num_layers": num_layers,
+            "seed": seed,
+            "draft_accept": draft_accept,
+            "vocab_size": p.vocab_size,
+            "draft_vocab_size": tmap.hot_token_ids.numel(),
+            "target_logit_scale": TARGET_LOGIT_SCALE,
+            "target_min_margin": TARGET_MIN_MARGIN,
+            "expected_accept_length": {
+                "topk1_steps3": expected_accept_length(draft_accept, 3, 1),
+                "topk4_steps2": expected_accept_length(draft_accept, 2, 4),
+            },
+            "next_token": tmap.next_token.tolist(),
+            "draft_successor": tmap.successor.tolist(),
+        },
+    )
+
+
+def generate(
+    preset: str,
+    out_dir: str,
+    draft_accept: float,
+    seed: int = 0,
+    device: str = "cpu",
+    draft_vocab_size: Optional[int] = None,
+    num_layers: Optional[int] = None,
+) -> Tuple[str, str]:
+    """Write ``out_dir/target``, ``out_dir/draft`` and ``out_dir/synthetic_spec.json``."""
+    p = PRESETS[preset]
+    num_layers = num_layers or p.num_layers
+    if num_layers < 7:
+        raise ValueError("EAGLE-3 taps layers 2, L/2 and L-3: need at least 7 layers")
+    tmap = build_token_map(p.vocab_size, draft_vocab_size or p.draft_vocab_size, draft_accept, seed)
+    codes = token_codes(p.vocab_size, p.num_kv_heads, p.head_dim, seed).to(device)
+    filler = _Filler(seed, device)
+    target_dir, draft_dir = os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
+    os.makedirs(target_dir, exist_ok=True)
+    os.makedirs(draft_dir, exist_ok=True)
+    with torch.no_grad():
+        _write_target(target_dir, p, num_layers, codes, tmap, filler, device)
+        _write_draft(draft_dir, p, num_layers, codes, tmap, filler, device)
+    _write_spec(out_dir, preset, p, num_layers, draft_accept, seed, tmap)
+    return target_dir, draft_dir
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--draft-accept", type=float, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--draft-vocab-size", type=int, default=None)
+    parser.add_argument("--num-layers", type=int, default=None)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
+    target_dir, draft_dir = generate(
+        args.preset, args.out, args.draft_accept, args.seed, args.device,
+        args.draft_vocab_size, args.num_layers,
+    )
+    print(f"target: {target_dir}")
+    print(f"draft: {draft_dir}")
+    print(f"expected accept length (topk 1, 3 steps): {expected_accept_length(args.draft_accept, 3, 1):.4f}")
+    print(f"expected accept length (topk 4, 2 steps): {expected_accept_length(args.draft_accept, 2, 4):.4f}")
+
+
+if __name__ == "__main__":
+    main()

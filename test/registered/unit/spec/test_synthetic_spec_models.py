@@ -1,0 +1,344 @@
+"""CPU tests for sglang.test.synthetic_spec_models (synthetic target + EAGLE-3 draft)."""
+
+import json
+import os
+import tempfile
+import unittest
+from typing import Dict, List, Tuple
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from sglang.test import synthetic_spec_models as ssm
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+SEQ_LEN = 600
+NUM_STEPS = 3
+# Draft logit gap (top1 - top2) the emulation must keep at every drafted token.
+DRAFT_MIN_MARGIN = 6.0
+# Tolerances of the measured acceptance against P and against the formula.
+FIRST_TOKEN_TOL = 0.06
+ACCEPT_LENGTH_REL_TOL = 0.08
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (out * weight.float()).to(x.dtype)
+
+
+def _rope_neox(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """x: [tokens, heads, head_dim]; neox-style rotary (SGLang/HF Llama)."""
+    head_dim = x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(x.dtype)
+
+
+class Eagle3DraftEmulator:
+    """Plain-torch copy of the 0.5.12 LlamaForCausalLMEagle3 forward (one layer)."""
+
+    def __init__(self, draft_dir: str, dtype: torch.dtype) -> None:
+        with open(os.path.join(draft_dir, "config.json")) as f:
+            self.cfg = json.load(f)
+        w = load_file(os.path.join(draft_dir, "model.safetensors"))
+        self.hot_token_id = w.pop("d2t") + torch.arange(self.cfg["draft_vocab_size"])
+        w.pop("t2d")
+        self.w = {k: v.to(dtype) for k, v in w.items()}
+        self.dtype = dtype
+        self.eps = self.cfg["rms_norm_eps"]
+        self.theta = self.cfg["rope_parameters"]["rope_theta"]
+
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return (x.float() @ self.w[name].float().t()).to(self.dtype)
+
+    def fc(self, aux: torch.Tensor) -> torch.Tensor:
+        return self._linear(aux.to(self.dtype), "fc.weight")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        past_kv: Tuple[torch.Tensor, torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        """Returns (draft-vocab logits, pre-norm aux hidden, kv incl. new tokens)."""
+        cfg, w, p = self.cfg, self.w, "midlayer."
+        heads, kv_heads, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        n = input_ids.shape[0]
+        embeds = w["embed_tokens.weight"][input_ids]
+        residual = hidden
+        x = torch.cat(
+            [
+                _rms_norm(embeds, w[p + "input_layernorm.weight"], self.eps),
+                _rms_norm(hidden, w[p + "hidden_norm.weight"], self.eps),
+            ],
+            dim=-1,
+        )
+        q = _rope_neox(self._linear(x, p + "self_attn.q_proj.weight").view(n, heads, hd), positions, self.theta)
+        k = _rope_neox(self._linear(x, p + "self_attn.k_proj.weight").view(n, kv_heads, hd), positions, self.theta)
+        v = self._linear(x, p + "self_attn.v_proj.weight").view(n, kv_heads, hd)
+        k_all, v_all = torch.cat([past_kv[0], k]), torch.cat([past_kv[1], v])
+        num_past = past_kv[0].shape[0]
+        group = heads // kv_heads
+        scores = torch.einsum("qhd,khd->hqk", q.float(), k_all.repeat_interleave(group, dim=1).float())
+        scores = scores * hd**-0.5
+        causal = torch.arange(num_past + n)[None, :] <= (num_past + torch.arange(n))[:, None]
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        attn = torch.einsum("hqk,khd->qhd", probs, v_all.repeat_interleave(group, dim=1).float())
+        attn = self._linear(attn.to(self.dtype).reshape(n, heads * hd), p + "self_attn.o_proj.weight")
+        residual = (attn.float() + residual.float()).to(self.dtype)
+        mlp_in = _rms_norm(residual, w[p + "post_attention_layernorm.weight"], self.eps)
+        gate = self._linear(mlp_in, p + "mlp.gate_proj.weight").float()
+        up = self._linear(mlp_in, p + "mlp.up_proj.weight").float()
+        mlp_out = self._linear((torch.nn.functional.silu(gate) * up).to(self.dtype), p + "mlp.down_proj.weight")
+        aux = (mlp_out.float() + residual.float()).to(self.dtype)
+        logits = self._linear(_rms_norm(aux, w["norm.weight"], self.eps), "lm_head.weight").float()
+        return logits, aux, (k_all, v_all)
+
+    def empty_kv(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        shape = (0, self.cfg["num_key_value_heads"], self.cfg["head_dim"])
+        return torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
+
+
+def _target_aux(target: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Concat of the residual stream entering layers 2, L/2, L-3 (SGLang's aux)."""
+    num_layers = target.config.num_hidden_layers
+    with torch.no_grad():
+        out = target(ids[None], output_hidden_states=True)
+    return torch.cat([out.hidden_states[i][0] for i in (2, num_layers // 2, num_layers - 3)], -1)
+
+
+def _simulate_chain(
+    draft: Eagle3DraftEmulator, seq: List[int], aux: torch.Tensor, start: int, num_steps: int
+) -> Dict[str, object]:
+    """EAGLE-3 chain drafting (topk=1) at every verification point t >= start.
+
+    Draft extend: position t gets token seq[t + 1] and the target aux of t; then
+    num_steps - 1 decode steps feed back the draft's token and pre-norm hidden.
+    """
+    ids = torch.tensor(seq)
+    positions = torch.arange(len(seq) - 1)
+    with torch.no_grad():
+        logits, hidden, (k, v) = draft.forward(ids[1:], draft.fc(aux[:-1]), positions, draft.empty_kv())
+        drafts, margins = [], []
+        for t in range(start, len(seq) - num_steps - 1):
+            step_logits, step_hidden = logits[t : t + 1], hidden[t : t + 1]
+            kv = (k[: t + 1], v[: t + 1])
+            chain = []
+            for step in range(num_steps):
+                top2 = step_logits[0].topk(2)
+                margins.append((top2.values[0] - top2.values[1]).item())
+                chain.append(draft.hot_token_id[top2.indices[0]].item())
+                if step + 1 < num_steps:
+                    pos = torch.tensor([t + step + 1])
+                    step_logits, step_hidden, kv = draft.forward(torch.tensor(chain[-1:]), step_hidden, pos, kv)
+            drafts.append((t, chain))
+    return {"drafts": drafts, "min_margin": min(margins)}
+
+
+class TestSyntheticSpecModels(CustomTestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.dirs = {}
+        for p in (0.6, 0.9):
+            out = os.path.join(cls._tmp.name, f"p{p}")
+            cls.dirs[p] = (out,) + ssm.generate("tiny", out, draft_accept=p, seed=1)
+        cls.out, cls.target_dir, cls.draft_dir = cls.dirs[0.9]
+        cls.spec = ssm.load_spec(cls.out)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls._tmp.cleanup()
+
+    def _prompt_and_continuation(self, out: str, prompt: List[int], n: int) -> List[int]:
+        return prompt + ssm.greedy_continuation(ssm.next_token_map(out), prompt, n)
+
+    def test_target_greedy_follows_map_with_margin(self) -> None:
+        vocab = self.spec["vocab_size"]
+        # Every token id once as "last token", plus a long greedy rollout.
+        every_token = torch.randperm(vocab, generator=torch.Generator().manual_seed(0)).tolist()
+        rollout = self._prompt_and_continuation(self.out, [7, 300, 11], SEQ_LEN)
+        nt = torch.tensor(ssm.next_token_map(self.out))
+        for dtype in (torch.float32, torch.bfloat16):
+            model = AutoModelForCausalLM.from_pretrained(self.target_dir, dtype=dtype)
+            for seq in (every_token, rollout):
+                ids = torch.tensor(seq)
+                with torch.no_grad():
+                    logits = model(ids[None]).logits[0].float()
+                top2 = logits.topk(2, dim=-1)
+                with self.subTest(dtype=dtype, length=len(seq)):
+                    self.assertTrue(torch.equal(top2.indices[:, 0], nt[ids]))
+                    gap = (top2.values[:, 0] - top2.values[:, 1]).min().item()
+                    self.assertGreater(gap, ssm.TARGET_MIN_MARGIN)
+
+    def test_map_structure(self) -> None:
+        for p, (out, _, _) in self.dirs.items():
+            spec = ssm.load_spec(out)
+            nt, succ = torch.tensor(spec["next_token"]), torch.tensor(spec["draft_successor"])
+            cycle = torch.nonzero(succ >= 0).squeeze(1)
+            # pi is one cycle over the draft's hot tokens and never emits specials.
+            x, seen = cycle[0].item(), set()
+            for _ in range(cycle.numel()):
+                seen.add(x)
+                x = nt[x].item()
+            self.assertEqual(seen, set(cycle.tolist()))
+            self.assertGreaterEqual(nt.min().item(), ssm.NUM_SPECIAL_TOKENS)
+            agree = (nt[cycle] == succ[cycle]).float().mean().item()
+            self.assertAlmostEqual(agree, p, delta=0.01)
+
+    def _measure_acceptance(self, p: float) -> Tuple[float, float, float, List[float]]:
+        out, target_dir, draft_dir = self.dirs[p]
+        succ = ssm.load_spec(out)["draft_successor"]
+        seq = self._prompt_and_continuation(out, [9, 40, 1234], SEQ_LEN)
+        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16)
+        draft = Eagle3DraftEmulator(draft_dir, torch.bfloat16)
+        result = _simulate_chain(draft, seq, _target_aux(target, torch.tensor(seq)), 3, NUM_STEPS)
+        first_hits, lengths = [], []
+        for t, chain in result["drafts"]:
+            intended = [succ[seq[t + 1]]]
+            for _ in range(NUM_STEPS - 1):
+                intended.append(succ[intended[-1]])
+            self.assertEqual(chain, intended, f"draft chain at position {t}")
+            accepted = 0
+            while accepted < NUM_STEPS and chain[accepted] == seq[t + 2 + accepted]:
+                accepted += 1
+            first_hits.append(float(accepted > 0))
+            lengths.append(1.0 + accepted)
+        return sum(first_hits) / len(first_hits), sum(lengths) / len(lengths), result["min_margin"], lengths
+
+    def test_draft_emulation_acceptance(self) -> None:
+        for p in (0.6, 0.9):
+            first, length, margin, _ = self._measure_acceptance(p)
+            expected = ssm.expected_accept_length(p, NUM_STEPS)
+            print(f"P={p}: first-token accept {first:.3f}, accept length {length:.3f} (expected {expected:.3f}), draft margin {margin:.2f}")
+            with self.subTest(p=p):
+                self.assertGreater(margin, DRAFT_MIN_MARGIN)
+                self.assertAlmostEqual(first, p, delta=FIRST_TOKEN_TOL)
+                self.assertLess(abs(length - expected) / expected, ACCEPT_LENGTH_REL_TOL)
+
+    def test_expected_accept_length(self) -> None:
+        self.assertAlmostEqual(ssm.expected_accept_length(0.5, 3), 1.875)
+        self.assertAlmostEqual(ssm.expected_accept_length(0.9, 2, topk=4), 2.71)
+        self.assertAlmostEqual(ssm.expected_accept_length(1.0, 5), 6.0)
+        self.assertAlmostEqual(ssm.expected_accept_length(0.0, 5), 1.0)
+
+    def test_draft_checkpoint_matches_sglang_eagle3_loader(self) -> None:
+        cfg = AutoConfig.from_pretrained(self.draft_dir)
+        target_cfg = AutoConfig.from_pretrained(self.target_dir)
+        d, vocab, draft_vocab = cfg.hidden_size, cfg.vocab_size, cfg.draft_vocab_size
+        hd, heads, kv_heads = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        inter = cfg.intermediate_size
+        self.assertEqual(cfg.architectures, ["LlamaForCausalLMEagle3"])
+        self.assertEqual(cfg.num_hidden_layers, 1)
+        self.assertFalse(cfg.tie_word_embeddings)
+        self.assertEqual((d, vocab), (target_cfg.hidden_size, target_cfg.vocab_size))
+        self.assertLess(draft_vocab, vocab)
+        # llama.py: layers_to_capture = [i + 1 for i in eagle_aux_hidden_state_layer_ids].
+        layer_ids = cfg.eagle_config["eagle_aux_hidden_state_layer_ids"]
+        num_layers = target_cfg.num_hidden_layers
+        self.assertEqual([i + 1 for i in layer_ids], [2, num_layers // 2, num_layers - 3])
+        expected = {
+            "embed_tokens.weight": (vocab, d),
+            "fc.weight": (d, 3 * d),
+            "midlayer.input_layernorm.weight": (d,),
+            "midlayer.hidden_norm.weight": (d,),
+            "midlayer.post_attention_layernorm.weight": (d,),
+            "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * d),
+            "midlayer.self_attn.k_proj.weight": (kv_heads * hd, 2 * d),
+            "midlayer.self_attn.v_proj.weight": (kv_heads * hd, 2 * d),
+            "midlayer.self_attn.o_proj.weight": (d, heads * hd),
+            "midlayer.mlp.gate_proj.weight": (inter, d),
+            "midlayer.mlp.up_proj.weight": (inter, d),
+            "midlayer.mlp.down_proj.weight": (d, inter),
+            "norm.weight": (d,),
+            "lm_head.weight": (draft_vocab, d),
+            "d2t": (draft_vocab,),
+            "t2d": (vocab,),
+        }
+        with safe_open(os.path.join(self.draft_dir, "model.safetensors"), "pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+        self.assertEqual(shapes, expected)
+        self.assertEqual(d2t.dtype, torch.int64)
+        self.assertEqual(t2d.dtype, torch.bool)
+        hot = d2t + torch.arange(draft_vocab)
+        self.assertTrue(torch.all(hot[1:] > hot[:-1]))
+        self.assertFalse(torch.equal(hot, torch.arange(draft_vocab)))
+        self.assertTrue(torch.equal(torch.nonzero(t2d).squeeze(1), hot))
+
+    def test_target_checkpoint_loads_without_missing_keys(self) -> None:
+        model, info = AutoModelForCausalLM.from_pretrained(self.target_dir, output_loading_info=True)
+        self.assertEqual(type(model).__name__, "LlamaForCausalLM")
+        for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+            self.assertEqual(list(info[key]), [], key)
+        cfg = model.config
+        self.assertGreaterEqual(cfg.num_hidden_layers, 7)
+        self.assertFalse(cfg.tie_word_embeddings)
+        self.assertNotEqual(model.lm_head.weight.data_ptr(), model.model.embed_tokens.weight.data_ptr())
+
+    def test_sharded_writer_index(self) -> None:
+        tensors = {f"t{i}": torch.full((256,), float(i), dtype=torch.bfloat16) for i in range(5)}
+        with tempfile.TemporaryDirectory() as out:
+            writer = ssm.ShardWriter(out, max_bytes=1100)
+            for name, tensor in tensors.items():
+                writer.add(name, tensor)
+            writer.close()
+            with open(os.path.join(out, "model.safetensors.index.json")) as f:
+                weight_map = json.load(f)["weight_map"]
+            self.assertEqual(sorted(weight_map), sorted(tensors))
+            self.assertEqual(len(set(weight_map.values())), 3)
+            expected_files = set(weight_map.values()) | {"model.safetensors.index.json"}
+            self.assertEqual(set(os.listdir(out)), expected_files)
+            for name, shard in weight_map.items():
+                self.assertTrue(torch.equal(load_file(os.path.join(out, shard))[name], tensors[name]))
+
+    def test_deterministic_bytes(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            dirs = [os.path.join(tmp, name) for name in ("a", "b", "c")]
+            for out, seed in zip(dirs, (3, 3, 4)):
+                ssm.generate("tiny", out, draft_accept=0.7, seed=seed, draft_vocab_size=1024)
+            files = _relative_files(dirs[0])
+            self.assertIn("target/model.safetensors", files)
+            self.assertEqual(files, _relative_files(dirs[1]))
+            for rel in files:
+                self.assertEqual(_read(dirs[0], rel), _read(dirs[1], rel), rel)
+            for rel in ("target/model.safetensors", "draft/model.safetensors", ssm.SPEC_FILE):
+                self.assertNotEqual(_read(dirs[0], rel), _read(dirs[2], rel), rel)
+
+    def test_tokenizer_round_trip(self) -> None:
+        tok = AutoTokenizer.from_pretrained(self.target_dir)
+        vocab = self.spec["vocab_size"]
+        self.assertEqual(len(tok), vocab)
+        self.assertEqual(tok.eos_token_id, ssm.EOS_TOKEN_ID)
+        ids = torch.randint(ssm.NUM_SPECIAL_TOKENS, vocab, (200,), generator=torch.Generator().manual_seed(0)).tolist()
+        ids = ids + [vocab - 1, ssm.NUM_SPECIAL_TOKENS]
+        text = tok.decode(ids)
+        self.assertEqual(tok(text, add_special_tokens=True)["input_ids"], ids)
+        self.assertEqual(tok("w5 </s> w17")["input_ids"], [5, ssm.EOS_TOKEN_ID, 17])
+
+
+def _relative_files(root: str) -> List[str]:
+    return sorted(
+        os.path.relpath(os.path.join(dirpath, name), root)
+        for dirpath, _, names in os.walk(root)
+        for name in names
+    )
+
+
+def _read(root: str, rel: str) -> bytes:
+    with open(os.path.join(root, rel), "rb") as f:
+        return f.read()
+
+
+if __name__ == "__main__":
+    unittest.main()

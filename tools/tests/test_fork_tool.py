@@ -1,0 +1,156 @@
+"""The fork tooling on a scratch copy of the repository (no GPU, pinned wheel cached)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+
+from forklib.layout import Layout  # noqa: E402
+from forklib.pin import load_pin  # noqa: E402
+from forklib.wheel import extract_package, obtain_wheel  # noqa: E402
+
+FORK_FILES = ["tools", "upstream.toml", "patches", "python/pyproject.toml", "python/build_backend", ".gitignore"]
+EDITED = "python/sglang/srt/speculative/spec_info.py"
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+class ScratchFork:
+    """A throwaway git checkout of the fork's tooling files, sharing the cached wheel."""
+
+    def __init__(self, wheel: Path):
+        self._tmp = tempfile.TemporaryDirectory(prefix="fork-test-")
+        self.root = Path(self._tmp.name) / "fork"
+        for rel in FORK_FILES:
+            src, dst = REPO / rel, self.root / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+            elif src.exists():
+                shutil.copy2(src, dst)
+        (self.root / "patches").mkdir(exist_ok=True)
+        git(self.root, "init", "-q")
+        git(self.root, "add", "-A")
+        git(self.root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "fork")
+        self.env = dict(os.environ, SGLANG_FORK_UPSTREAM_WHEEL=str(wheel))
+
+    def fork(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [sys.executable, str(self.root / "tools" / "fork"), *args],
+            cwd=self.root, env=self.env, capture_output=True, text=True,
+        )
+        if ok and result.returncode != 0:
+            raise AssertionError(f"tools/fork {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+        return result
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+class TestForkTool(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        layout = Layout.find()
+        cls.wheel = obtain_wheel(layout, load_pin(layout.pin_file))
+
+    def setUp(self):
+        self.repo = ScratchFork(self.wheel)
+        self.addCleanup(self.repo.close)
+        self.repo.fork("sync")
+
+    def edit(self, rel: str, line: str) -> None:
+        with open(self.repo.path(rel), "a") as f:
+            f.write(line)
+
+    def test_materialized_tree_is_invisible_to_git_but_new_files_are_not(self):
+        self.assertTrue(self.repo.path(EDITED).is_file())
+        self.assertEqual(git(self.repo.root, "status", "--porcelain"), "")
+        self.repo.path("python/sglang/srt/speculative/new_module.py").write_text("X = 1\n")
+        self.assertEqual(
+            git(self.repo.root, "status", "--porcelain", "--untracked-files=all").strip(),
+            "?? python/sglang/srt/speculative/new_module.py",
+        )
+
+    def test_saved_edit_survives_materialization_from_scratch(self):
+        self.edit(EDITED, "\n# fork edit one\n")
+        self.assertIn("edited", self.repo.fork("status").stdout)
+        self.repo.fork("save", "--new", "Add a marker", "--body", "Because a test needs it.")
+        patches = sorted(self.repo.path("patches").glob("*.patch"))
+        self.assertEqual([p.name for p in patches], ["0001-Add-a-marker.patch"])
+        self.edit(EDITED, "# fork edit two\n")
+        self.repo.fork("save", "--amend", "0001")
+        self.assertEqual(len(list(self.repo.path("patches").glob("*.patch"))), 1)
+
+        shutil.rmtree(self.repo.path("python/sglang"))
+        shutil.rmtree(self.repo.path("python/.fork"))
+        self.repo.fork("sync")
+        text = self.repo.path(EDITED).read_text()
+        self.assertTrue(text.endswith("\n# fork edit one\n# fork edit two\n"))
+        self.assertIn("ok: 1 patches apply cleanly", self.repo.fork("check").stdout)
+
+    def test_sync_refuses_to_discard_unsaved_edits(self):
+        self.edit(EDITED, "# unsaved\n")
+        result = self.repo.fork("sync", ok=False)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn(EDITED, result.stderr)
+        self.assertIn("unsaved edits", result.stderr)
+        self.repo.fork("sync", "--force")
+        self.assertNotIn("# unsaved", self.repo.path(EDITED).read_text())
+
+    def test_check_fails_on_unsaved_edit_and_on_a_stale_patch(self):
+        self.edit(EDITED, "# unsaved\n")
+        self.assertEqual(self.repo.fork("check", ok=False).returncode, 1)
+        self.repo.fork("sync", "--force")
+        stale = self.repo.path("patches/0001-Stale.patch")
+        stale.write_text(
+            "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+            "From: t <t@t>\nSubject: [PATCH] Stale\n\nA patch whose context is gone.\n---\n"
+            f"diff --git a/{EDITED} b/{EDITED}\n--- a/{EDITED}\n+++ b/{EDITED}\n"
+            "@@ -1,2 +1,2 @@\n-this line is not upstream\n+replacement\n context\n"
+        )
+        result = self.repo.fork("check", ok=False)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("0001-Stale.patch", result.stdout)
+        self.assertIn("patch failed", result.stdout)
+
+    def test_tampered_wheel_is_refused(self):
+        tampered = Path(self.repo.root.parent) / self.wheel.name
+        tampered.write_bytes(self.wheel.read_bytes() + b"\0")
+        self.repo.env["SGLANG_FORK_UPSTREAM_WHEEL"] = str(tampered)
+        result = self.repo.fork("sync", ok=False)
+        self.assertIn("sha256 mismatch", result.stderr)
+
+    def test_export_applies_with_git_am_on_pristine_upstream(self):
+        new_file = "python/sglang/srt/speculative/fork_only.py"
+        self.repo.path(new_file).write_text("FORK_ONLY = True\n")
+        git(self.repo.root, "add", new_file)
+        self.edit(EDITED, "from sglang.srt.speculative.fork_only import FORK_ONLY\n")
+        self.repo.fork("save", "--new", "Use the fork-only module", "--body", "To test export.")
+        out = self.repo.root.parent / "export"
+        self.repo.fork("export", str(out))
+
+        upstream = self.repo.root.parent / "upstream"
+        extract_package(self.wheel, upstream / "python")
+        (upstream / "python" / ".complete").unlink()
+        git(upstream, "init", "-q")
+        git(upstream, "add", "-A")
+        git(upstream, "-c", "user.name=u", "-c", "user.email=u@u", "commit", "-qm", "upstream")
+        git(upstream, "-c", "user.name=u", "-c", "user.email=u@u", "am", *map(str, sorted(out.glob("*.patch"))))
+        self.assertEqual(len(git(upstream, "log", "--oneline").splitlines()), 3)
+        self.assertEqual((upstream / new_file).read_text(), "FORK_ONLY = True\n")
+        self.assertEqual((upstream / EDITED).read_text(), self.repo.path(EDITED).read_text())
+
+
+if __name__ == "__main__":
+    unittest.main()
