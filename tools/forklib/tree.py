@@ -112,15 +112,19 @@ def edited_files(layout: Layout, state: State) -> List[str]:
     return edited
 
 
+def _git_output(layout: Layout, *args: str) -> Optional[str]:
+    """Output of a git command in the fork's checkout; None without git or a checkout."""
+    try:
+        result = subprocess.run(["git", *args], cwd=layout.root, capture_output=True, text=True)
+    except FileNotFoundError:
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
 def tracked_files(layout: Layout, *pathspecs: str) -> Optional[List[str]]:
     """Files git tracks under the pathspecs, or None outside a git checkout."""
-    result = subprocess.run(
-        ["git", "ls-files", "-z", "--", *pathspecs],
-        cwd=layout.root, capture_output=True, text=True,
-    )
-    if result.returncode != 0:
-        return None
-    return [p for p in result.stdout.split("\0") if p]
+    listed = _git_output(layout, "ls-files", "-z", "--", *pathspecs)
+    return None if listed is None else [p for p in listed.split("\0") if p]
 
 
 def check_no_shadowing(layout: Layout, upstream_paths: List[str]) -> None:
@@ -135,13 +139,10 @@ def check_no_shadowing(layout: Layout, upstream_paths: List[str]) -> None:
 
 def write_git_exclude(layout: Layout, upstream_paths: List[str]) -> None:
     """List materialized files in .git/info/exclude so git status shows our work only."""
-    result = subprocess.run(
-        ["git", "rev-parse", "--git-path", "info/exclude"],
-        cwd=layout.root, capture_output=True, text=True,
-    )
-    if result.returncode != 0:
+    git_path = _git_output(layout, "rev-parse", "--git-path", "info/exclude")
+    if git_path is None:
         return
-    exclude = layout.root / result.stdout.strip()
+    exclude = layout.root / git_path.strip()
     kept = []
     if exclude.is_file():
         inside = False

@@ -1,0 +1,87 @@
+"""Helpers for GPU tests of speculative decoding on synthetic checkpoints.
+
+The checkpoints come from :mod:`sglang.test.synthetic_spec_models`: greedy decoding
+is decided by a clear margin and the draft acceptance is a parameter, so outputs
+of speculative and plain engines can be compared token by token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import tempfile
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+SYNTHETIC_MODELS_DIR_ENV = "SGLANG_SYNTHETIC_MODELS_DIR"
+
+# Small engines: tests run several of them one after another on one GPU.
+TEST_ENGINE_DEFAULTS: Dict[str, object] = dict(
+    skip_tokenizer_init=True,
+    grammar_backend="none",
+    mem_fraction_static=0.5,
+    cuda_graph_max_bs=32,
+    random_seed=0,
+    log_level="warning",
+)
+
+
+def synthetic_pair(preset: str = "tiny", draft_accept: float = 0.8, seed: int = 0) -> Tuple[str, str]:
+    """(target_dir, draft_dir) of a synthetic pair, generated once per cache directory."""
+    import torch
+
+    from sglang.test.synthetic_spec_models import SPEC_FILE, generate
+
+    root = os.environ.get(SYNTHETIC_MODELS_DIR_ENV) or os.path.join(tempfile.gettempdir(), "sglang-synthetic")
+    out_dir = os.path.join(root, f"{preset}-p{draft_accept}-s{seed}")
+    if not os.path.isfile(os.path.join(out_dir, SPEC_FILE)):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        generate(preset, out_dir, draft_accept, seed=seed, device=device)
+    return os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
+
+
+def random_prompts(num: int, length: int, vocab_size: int, seed: int = 0) -> List[List[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab_size) for _ in range(length)] for _ in range(num)]
+
+
+def greedy_params(max_new_tokens: int, **extra: object) -> Dict[str, object]:
+    return dict(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True, **extra)
+
+
+def eagle3_args(draft_dir: str, num_steps: int, topk: int, num_draft_tokens: int) -> Dict[str, object]:
+    return dict(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=num_steps,
+        speculative_eagle_topk=topk,
+        speculative_num_draft_tokens=num_draft_tokens,
+    )
+
+
+@contextlib.contextmanager
+def running_engine(model_path: str, **kwargs: object) -> Iterator["object"]:
+    """An ``sglang.Engine`` with test defaults, shut down on exit."""
+    import sglang
+
+    engine = sglang.Engine(model_path=model_path, **{**TEST_ENGINE_DEFAULTS, **kwargs})
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+def generate_outputs(engine, prompts: Sequence[List[int]], params: Dict[str, object], batched: bool) -> List[dict]:
+    """All prompts in one call (one running batch), or one request at a time (batch 1)."""
+    if batched:
+        return engine.generate(input_ids=list(prompts), sampling_params=params)
+    return [engine.generate(input_ids=prompt, sampling_params=params) for prompt in prompts]
+
+
+def accept_length(outputs: Sequence[dict]) -> float:
+    """Tokens per verify step (accepted drafts + bonus), over the speculative steps only."""
+    verify = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outputs)
+    correct = sum(o["meta_info"].get("spec_num_correct_drafts", 0) for o in outputs)
+    if verify == 0:
+        raise AssertionError("no speculative step ran")
+    return (correct + verify) / verify
