@@ -85,3 +85,59 @@ def accept_length(outputs: Sequence[dict]) -> float:
     if verify == 0:
         raise AssertionError("no speculative step ran")
     return (correct + verify) / verify
+
+
+@contextlib.contextmanager
+def running_server(model_path: str, other_args: Sequence[str], env: Dict[str, str] = None) -> Iterator[Tuple[str, "object"]]:
+    """An HTTP server (``popen_launch_server``) with the idle and busy KV leak checks on."""
+    from sglang.srt.utils import kill_process_tree
+    from sglang.test.test_utils import DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH, DEFAULT_URL_FOR_TEST, popen_launch_server
+
+    full_env = {**os.environ, "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", **(env or {})}
+    process = popen_launch_server(
+        model_path, DEFAULT_URL_FOR_TEST, DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH, other_args=list(other_args), env=full_env
+    )
+    try:
+        yield DEFAULT_URL_FOR_TEST, process
+    finally:
+        kill_process_tree(process.pid)
+
+
+def post_generate(base_url: str, input_ids: List[int], params: Dict[str, object], **extra: object) -> dict:
+    import requests
+
+    response = requests.post(
+        f"{base_url}/generate", json=dict(input_ids=input_ids, sampling_params=params, **extra), timeout=600
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+def post_concurrently(base_url: str, requests_: Sequence[Tuple[List[int], Dict[str, object]]], **extra: object) -> List[dict]:
+    """Send all requests at once (one thread each); results in request order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(requests_))) as pool:
+        futures = [pool.submit(post_generate, base_url, ids, params, **extra) for ids, params in requests_]
+        return [f.result() for f in futures]
+
+
+def scrape_metrics(base_url: str) -> Dict[str, float]:
+    """Prometheus samples as ``name{labels} -> value`` (labels kept verbatim)."""
+    import requests
+
+    samples = {}
+    for line in requests.get(f"{base_url}/metrics", timeout=30).text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def metric_total(samples: Dict[str, float], name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include ``labels``."""
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(
+        value for key, value in samples.items()
+        if key.split("{")[0] == name and all(w in key for w in wanted)
+    )

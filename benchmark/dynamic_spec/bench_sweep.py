@@ -1,0 +1,300 @@
+"""Throughput and latency vs concurrency, side by side: no speculation, EAGLE-3 always on,
+the fork's load-aware speculation, and upstream's adaptive speculation.
+
+One fresh server process per config (the previous one killed and the GPU checked idle);
+concurrency is swept inside it. Writes raw JSON, a markdown table, a PNG plot and
+summary.json into OUT_DIR/<date>-<model>/.
+
+Usage:
+  python benchmark/dynamic_spec/bench_sweep.py --preset llama8b --draft-accept 0.8 \
+      --configs nospec,eagle3-topk4,loadaware-topk4 --concurrency 1,2,4,8,16,32,64,128,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+import aiohttp
+import requests
+from tqdm import tqdm
+
+from sglang.srt.utils import kill_process_tree
+from sglang.test.spec_engine_utils import synthetic_pair
+from sglang.test.test_utils import popen_launch_server
+
+TOPK1 = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+TOPK4 = ["--speculative-num-steps", "2", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"]
+V1 = {"SGLANG_ENABLE_SPEC_V2": "0"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str
+    spec_args: List[str]
+    env: Dict[str, str]
+    load_aware: bool = False
+
+
+def build_configs(disable_threshold: int) -> Dict[str, Config]:
+    load_aware = ["--speculative-disable-batch-threshold", str(disable_threshold)]
+    return {
+        c.name: c
+        for c in [
+            Config("nospec", [], {}),
+            Config("eagle3-topk1", TOPK1, {}),
+            Config("eagle3-topk4", TOPK4, {}),
+            Config("loadaware-topk1", TOPK1 + load_aware, V1, load_aware=True),
+            Config("loadaware-topk4", TOPK4 + load_aware, {}, load_aware=True),
+            Config("upstream-adaptive-topk1", TOPK1 + ["--speculative-adaptive"], {}),
+        ]
+    }
+
+
+@dataclasses.dataclass
+class RequestResult:
+    ttft: float
+    latency: float
+    output_tokens: int
+    verify_ct: int
+    correct_drafts: int
+    finished_at: float
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, input_ids: List[int], output_len: int) -> RequestResult:
+    payload = {
+        "input_ids": input_ids,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True},
+        "stream": True,
+    }
+    start = time.perf_counter()
+    ttft, meta = None, {}
+    async with session.post(f"{url}/generate", json=payload) as response:
+        response.raise_for_status()
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            if ttft is None:
+                ttft = time.perf_counter() - start
+            meta = json.loads(line[5:])["meta_info"]
+    end = time.perf_counter()
+    return RequestResult(
+        ttft=ttft or end - start,
+        latency=end - start,
+        output_tokens=meta["completion_tokens"],
+        verify_ct=meta.get("spec_verify_ct", 0),
+        correct_drafts=meta.get("spec_num_correct_drafts", 0),
+        finished_at=end,
+    )
+
+
+async def closed_loop(url: str, prompts: List[List[int]], output_len: int, concurrency: int, deadline: Optional[float] = None) -> List[RequestResult]:
+    """concurrency workers issue the prompts back to back (until the deadline, if any)."""
+    queue = list(prompts)
+    results: List[RequestResult] = []
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def worker():
+            while queue and (deadline is None or time.perf_counter() < deadline):
+                results.append(await one_request(session, url, queue.pop(), output_len))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results
+
+
+def percentile(values: List[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def summarize(results: List[RequestResult], wall: float) -> Dict[str, Optional[float]]:
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in results if r.output_tokens > 1]
+    verify = sum(r.verify_ct for r in results)
+    return {
+        "num_requests": len(results),
+        "output_tok_s": sum(r.output_tokens for r in results) / wall,
+        "tpot_p50_ms": 1000 * percentile(tpots, 0.5),
+        "tpot_p99_ms": 1000 * percentile(tpots, 0.99),
+        "ttft_p50_ms": 1000 * percentile([r.ttft for r in results], 0.5),
+        "accept_length": (verify + sum(r.correct_drafts for r in results)) / verify if verify else None,
+    }
+
+
+def server_state(url: str) -> dict:
+    return requests.get(f"{url}/server_info", timeout=30).json()["internal_states"][0]
+
+
+def spec_step_share(config: Config, before: dict, after: dict) -> float:
+    if not config.load_aware:
+        return 0.0 if config.name == "nospec" else 1.0
+    b, a = before["load_aware_speculation"], after["load_aware_speculation"]
+    spec = a["num_spec_steps"] - b["num_spec_steps"]
+    plain = a["num_plain_steps"] - b["num_plain_steps"]
+    return spec / (spec + plain) if spec + plain else 0.0
+
+
+def wait_gpu_idle(max_used_mib: int = 2048, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        used = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True
+        ).stdout.split()
+        if used and max(int(u) for u in used) <= max_used_mib:
+            return
+        time.sleep(2)
+    raise RuntimeError("GPU still busy: the previous server did not exit")
+
+
+def run_config(args, config: Config, target: str, draft: str, prompts: List[List[int]]) -> dict:
+    wait_gpu_idle()
+    server_args = [
+        "--attention-backend", args.attention_backend,
+        "--cuda-graph-max-bs", str(max(args.concurrency)),
+        "--max-running-requests", str(max(args.concurrency)),
+        "--mem-fraction-static", str(args.mem_fraction_static),
+        "--skip-tokenizer-init",
+        "--enable-metrics",
+    ]
+    if config.spec_args:
+        server_args += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft] + config.spec_args
+    env = {**os.environ, **config.env}
+    process = popen_launch_server(target, args.url, timeout=1200, other_args=server_args, env=env)
+    try:
+        record = {"config": config.name, "server_args": server_args, "env": config.env}
+        asyncio.run(closed_loop(args.url, prompts[:8], args.output_len, 8))  # warm up
+        record["kv_capacity_tokens"] = server_state(args.url)["memory_usage"]["token_capacity"]
+        record["points"] = []
+        for concurrency in tqdm(args.concurrency, desc=config.name):
+            num = max(args.min_requests, args.requests_per_concurrency * concurrency)
+            before, start = server_state(args.url), time.perf_counter()
+            results = asyncio.run(closed_loop(args.url, prompts[:num], args.output_len, concurrency))
+            point = summarize(results, time.perf_counter() - start)
+            point.update(config=config.name, concurrency=concurrency, spec_step_share=spec_step_share(config, before, server_state(args.url)))
+            record["points"].append(point)
+        record["ramp"] = run_ramp(args, config, prompts)
+        return record
+    finally:
+        kill_process_tree(process.pid)
+
+
+def run_ramp(args, config: Config, prompts: List[List[int]]) -> dict:
+    """Concurrency rising then falling in phases of fixed duration: total and per-phase tok/s."""
+    phases = args.ramp + args.ramp[-2::-1]
+    before = server_state(args.url)
+    per_phase, total_tokens, total_wall = [], 0, 0.0
+    for concurrency in tqdm(phases, desc=f"{config.name} ramp"):
+        start = time.perf_counter()
+        deadline = start + args.ramp_phase_seconds
+        results = asyncio.run(closed_loop(args.url, prompts * 8, args.output_len, concurrency, deadline))
+        wall = time.perf_counter() - start
+        tokens = sum(r.output_tokens for r in results)
+        per_phase.append({"concurrency": concurrency, "output_tok_s": tokens / wall})
+        total_tokens, total_wall = total_tokens + tokens, total_wall + wall
+    return {
+        "config": config.name,
+        "output_tok_s": total_tokens / total_wall,
+        "phases": per_phase,
+        "spec_step_share": spec_step_share(config, before, server_state(args.url)),
+    }
+
+
+def markdown_table(records: List[dict], concurrency: List[int]) -> str:
+    lines = ["| config | KV tokens | ramp tok/s | " + " | ".join(f"C={c}" for c in concurrency) + " |"]
+    lines.append("|---" * (3 + len(concurrency)) + "|")
+    for record in records:
+        by_c = {p["concurrency"]: p for p in record["points"]}
+        cells = [f"{by_c[c]['output_tok_s']:.0f} ({by_c[c]['spec_step_share']:.0%} spec)" for c in concurrency]
+        lines.append(f"| {record['config']} | {record['kv_capacity_tokens']} | {record['ramp']['output_tok_s']:.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\nCells: output tok/s (share of decode steps that speculated).\n"
+
+
+def plot(records: List[dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for record in records:
+        points = sorted(record["points"], key=lambda p: p["concurrency"])
+        ax.plot([p["concurrency"] for p in points], [p["output_tok_s"] for p in points], marker="o", label=record["config"])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("output tok/s")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_results(args, records: List[dict], model: str) -> str:
+    out_dir = os.path.join(args.out_dir, f"{datetime.date.today().isoformat()}-{model}")
+    os.makedirs(out_dir, exist_ok=True)
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    header = {"model": model, "gpu": gpu, "commit": commit, "command": " ".join([sys.executable] + sys.argv)}
+    with open(os.path.join(out_dir, "raw.json"), "w") as f:
+        json.dump({**header, "records": records}, f, indent=1)
+    summary = {
+        **{k: header[k] for k in ("model", "gpu", "commit")},
+        "points": [
+            {k: p[k] for k in ("config", "concurrency", "output_tok_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "accept_length", "spec_step_share")}
+            for r in records for p in r["points"]
+        ],
+        "ramp": [{"config": r["ramp"]["config"], "output_tok_s": r["ramp"]["output_tok_s"]} for r in records],
+        "kv_capacity_tokens": {r["config"]: r["kv_capacity_tokens"] for r in records},
+    }
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(f"# {model} on {gpu}\n\ncommit {commit}\n\n`{header['command']}`\n\n")
+        f.write(markdown_table(records, args.concurrency))
+    plot(records, os.path.join(out_dir, "throughput.png"), f"{model} on {gpu}")
+    return out_dir
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", help="synthetic model preset (sglang.test.synthetic_spec_models)")
+    parser.add_argument("--draft-accept", type=float, default=0.8)
+    parser.add_argument("--configs", default="nospec,eagle3-topk1,eagle3-topk4,loadaware-topk1,loadaware-topk4,upstream-adaptive-topk1")
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    parser.add_argument("--disable-threshold", type=int, default=16)
+    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--requests-per-concurrency", type=int, default=4)
+    parser.add_argument("--min-requests", type=int, default=16)
+    parser.add_argument("--ramp", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64, 128])
+    parser.add_argument("--ramp-phase-seconds", type=float, default=10.0)
+    parser.add_argument("--attention-backend", default="triton")
+    parser.add_argument("--mem-fraction-static", type=float, default=0.8)
+    parser.add_argument("--url", default="http://127.0.0.1:31000")
+    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    configs = build_configs(args.disable_threshold)
+    target, draft = synthetic_pair(args.preset, args.draft_accept)
+    num_prompts = max(args.min_requests, args.requests_per_concurrency * max(args.concurrency))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 1000) for _ in range(args.input_len)] for _ in range(num_prompts)]
+    records = [run_config(args, configs[name], target, draft, prompts) for name in args.configs.split(",")]
+    print(f"results in {write_results(args, records, f'{args.preset}-p{args.draft_accept}')}")
+
+
+if __name__ == "__main__":
+    main()

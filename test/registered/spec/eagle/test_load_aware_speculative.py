@@ -1,0 +1,263 @@
+"""GPU tier of load-aware speculation (v1 EAGLE worker): plain decode steps above a
+batch threshold, speculative steps below it, under CUDA graphs.
+
+The synthetic checkpoints make greedy outputs a known function of the prompt (the
+plain engine reproduces it exactly: test_synthetic_spec_models_gpu.py), so every
+response is compared token for token with it. Servers run with the idle and busy
+KV leak checks of the scheduler on, so a leaked slot kills the server.
+"""
+
+import re
+import time
+import unittest
+from typing import Dict, List, Tuple
+
+import pytest
+import requests
+
+from sglang.test.ci.ci_register import register_cuda_ci
+from sglang.test.spec_engine_utils import (
+    greedy_params,
+    metric_total,
+    post_concurrently,
+    random_prompts,
+    running_server,
+    scrape_metrics,
+    synthetic_pair,
+)
+from sglang.test.synthetic_spec_models import (
+    expected_accept_length,
+    greedy_continuation,
+    next_token_map,
+)
+from sglang.test.test_utils import CustomTestCase
+
+register_cuda_ci(est_time=900, suite="stage-b-test-1-gpu-large")
+pytestmark = pytest.mark.gpu
+
+TOPK1 = dict(num_steps=3, topk=1, num_draft_tokens=4)
+TOPK4 = dict(num_steps=2, topk=4, num_draft_tokens=16)
+PROMPT_LEN = 16
+# Plain steps a request may still see after the batch shrank (the policy's default dwell).
+MIN_DWELL_STEPS = 8
+
+
+def spec_server_args(draft: str, spec: Dict[str, int], backend: str, page_size: int, cuda_graph: bool) -> List[str]:
+    args = [
+        "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", draft,
+        "--speculative-num-steps", str(spec["num_steps"]),
+        "--speculative-eagle-topk", str(spec["topk"]),
+        "--speculative-num-draft-tokens", str(spec["num_draft_tokens"]),
+        "--attention-backend", backend,
+        "--page-size", str(page_size),
+        "--cuda-graph-max-bs", "48",
+        "--max-running-requests", "48",
+        "--mem-fraction-static", "0.5",
+        "--grammar-backend", "none",
+        "--enable-metrics",
+        "--random-seed", "0",
+    ]
+    return args + ([] if cuda_graph else ["--disable-cuda-graph"])
+
+
+def plain_step_tokens(meta: dict) -> int:
+    """Output tokens produced by plain decode steps (the first comes from prefill)."""
+    spec_tokens = meta.get("spec_verify_ct", 0) + meta.get("spec_num_correct_drafts", 0)
+    return meta["completion_tokens"] - 1 - spec_tokens
+
+
+def spec_accept_length(metas: List[dict]) -> float:
+    verify = sum(m.get("spec_verify_ct", 0) for m in metas)
+    correct = sum(m.get("spec_num_correct_drafts", 0) for m in metas)
+    return (correct + verify) / verify
+
+
+class LoadAwareServerBase(CustomTestCase):
+    """One load-aware server per class; subclasses pick the configuration."""
+
+    draft_accept = 0.8
+    spec = TOPK4
+    backend = "triton"
+    page_size = 1
+    cuda_graph = True
+    disable_threshold = 5
+    enable_threshold = None
+    seed = 11
+
+    @classmethod
+    def server_args(cls) -> List[str]:
+        args = spec_server_args(cls.draft, cls.spec, cls.backend, cls.page_size, cls.cuda_graph)
+        args += ["--speculative-disable-batch-threshold", str(cls.disable_threshold)]
+        if cls.enable_threshold is not None:
+            args += ["--speculative-enable-batch-threshold", str(cls.enable_threshold)]
+        return args
+
+    @classmethod
+    def setUpClass(cls):
+        cls.target, cls.draft = synthetic_pair("tiny", cls.draft_accept)
+        cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
+        cls._server = running_server(cls.target, cls.server_args(), env={"SGLANG_ENABLE_SPEC_V2": "0"})
+        cls.base_url, cls.process = cls._server.__enter__()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._server.__exit__(None, None, None)
+
+    def prompts(self, num: int, seed: int) -> List[List[int]]:
+        return random_prompts(num, PROMPT_LEN, len(self.token_map), seed=self.seed * 1000 + seed)
+
+    def intended(self, prompt: List[int], num_tokens: int) -> List[int]:
+        return greedy_continuation(self.token_map, prompt, num_tokens)
+
+    def assert_outputs_intended(self, prompts: List[List[int]], outputs: List[dict], lengths: List[int]) -> None:
+        for i, (prompt, out, n) in enumerate(zip(prompts, outputs, lengths)):
+            self.assertEqual(out["output_ids"], self.intended(prompt, n), f"request {i}")
+            self.assertEqual(out["meta_info"]["finish_reason"]["type"], "length", f"request {i}")
+
+    def load_aware_state(self) -> dict:
+        info = requests.get(f"{self.base_url}/server_info", timeout=30).json()
+        return info["internal_states"][0]["load_aware_speculation"]
+
+    def assert_server_alive_and_idle_clean(self) -> None:
+        # The idle memory check runs once the server has been idle; a leak raises there.
+        time.sleep(6)
+        self.assertIsNone(self.process.poll(), "server died (KV leak check or crash)")
+        self.assertEqual(requests.get(f"{self.base_url}/health", timeout=30).status_code, 200)
+
+    def run_mixed_batch(self, num: int, seed: int, **extra) -> Tuple[List[List[int]], List[dict], List[int]]:
+        """num concurrent requests of different lengths: most end during plain steps."""
+        prompts = self.prompts(num, seed)
+        lengths = [7 + (5 * i) % 41 for i in range(num)]
+        outputs = post_concurrently(
+            self.base_url, [(p, greedy_params(n)) for p, n in zip(prompts, lengths)], **extra
+        )
+        self.assert_outputs_intended(prompts, outputs, lengths)
+        return prompts, outputs, lengths
+
+
+class TestLoadAwareTreeAtTheCrashingThreshold(LoadAwareServerBase):
+    """The case that crashed a naive patch: topk 4, 2 steps, 16 draft tokens,
+    disable threshold 5, 10 concurrent requests."""
+
+    def test_ten_concurrent_requests_run_plain_and_match(self):
+        prompts = self.prompts(10, seed=0)
+        outputs = post_concurrently(self.base_url, [(p, greedy_params(64)) for p in prompts])
+        self.assert_outputs_intended(prompts, outputs, [64] * 10)
+        plain = [plain_step_tokens(o["meta_info"]) for o in outputs]
+        self.assertTrue(all(n > 0 for n in plain), f"plain-step tokens per request: {plain}")
+        single = post_concurrently(self.base_url, [(prompts[0], greedy_params(64))])
+        self.assertLessEqual(plain_step_tokens(single[0]["meta_info"]), MIN_DWELL_STEPS, "a lone request must speculate")
+        self.assert_server_alive_and_idle_clean()
+
+
+class RampMixin:
+    """Concurrency 1 -> 32 -> 1, repeated: one long request lives through each plain phase."""
+
+    cycles = 20
+    burst = 31
+
+    def run_ramp(self) -> Tuple[List[dict], List[dict]]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from sglang.test.spec_engine_utils import post_generate
+
+        long_outputs, burst_outputs = [], []
+        with ThreadPoolExecutor(max_workers=self.burst + 1) as pool:
+            for cycle in range(self.cycles):
+                long_prompt = self.prompts(1, seed=100 + cycle)[0]
+                long_future = pool.submit(post_generate, self.base_url, long_prompt, greedy_params(192))
+                time.sleep(0.15)
+                burst_prompts = self.prompts(self.burst, seed=200 + cycle)
+                burst = [pool.submit(post_generate, self.base_url, p, greedy_params(24)) for p in burst_prompts]
+                outs = [f.result() for f in burst]
+                self.assert_outputs_intended(burst_prompts, outs, [24] * self.burst)
+                long_out = long_future.result()
+                self.assert_outputs_intended([long_prompt], [long_out], [192])
+                long_outputs.append(long_out)
+                burst_outputs.extend(outs)
+        return long_outputs, burst_outputs
+
+
+class TestLoadAwareRampTree(RampMixin, LoadAwareServerBase):
+    disable_threshold = 8
+
+    def test_ramp_switches_and_resumes_at_full_acceptance(self):
+        state_before = self.load_aware_state()
+        long_outputs, _ = self.run_ramp()
+        after = scrape_metrics(self.base_url)
+        metas = [o["meta_info"] for o in long_outputs]
+        resumed = [m for m in metas if plain_step_tokens(m) > 0]
+        self.assertGreaterEqual(len(resumed), self.cycles // 2, "long requests rarely saw plain steps")
+        measured = spec_accept_length(metas)
+        never_switched = expected_accept_length(self.draft_accept, self.spec["num_steps"], self.spec["topk"])
+        print(f"[load-aware-ramp] accept length over spec steps {measured:.3f}, never-switched prediction {never_switched:.3f}")
+        self.assertAlmostEqual(measured, never_switched, delta=0.10 * never_switched)
+        state = self.load_aware_state()
+        toggles = state["num_toggles"] - state_before["num_toggles"]
+        print(f"[load-aware-ramp] state {state}")
+        self.assertGreaterEqual(toggles, 2 * self.cycles)
+        self.assertGreater(metric_total(after, "sglang:spec_decode_steps_total", mode="plain"), 0)
+        self.assertGreater(metric_total(after, "sglang:spec_toggles_total"), 0)
+        retracted = metric_total(after, "sglang:num_retracted_requests_total")
+        self.assertEqual(retracted, 0, "retractions during the ramp")
+        self.assert_server_alive_and_idle_clean()
+
+
+class MatrixMixin:
+    """Stop strings, logprobs and max_new_tokens ending during plain steps."""
+
+    def test_mixed_lengths_with_logprobs(self):
+        prompts, outputs, lengths = self.run_mixed_batch(24, seed=1, return_logprob=True)
+        for out, n in zip(outputs, lengths):
+            token_logprobs = out["meta_info"]["output_token_logprobs"]
+            self.assertEqual([t[1] for t in token_logprobs], out["output_ids"])
+            self.assertTrue(all(-1.0 < t[0] <= 0.0 for t in token_logprobs), token_logprobs[:4])
+        self.assertTrue(any(plain_step_tokens(o["meta_info"]) > 0 for o in outputs))
+        self.assert_server_alive_and_idle_clean()
+
+    def test_stop_strings_during_plain_steps(self):
+        prompts = self.prompts(16, seed=2)
+        stop_at = [5 + i for i in range(16)]
+        params = []
+        for prompt, k in zip(prompts, stop_at):
+            stop_token = self.intended(prompt, k)[-1]
+            params.append(greedy_params(64, stop=[f"w{stop_token}"], ignore_eos=True))
+        outputs = post_concurrently(self.base_url, list(zip(prompts, params)))
+        for prompt, k, out in zip(prompts, stop_at, outputs):
+            got = [int(t) for t in re.findall(r"w(\d+)", out["text"])]
+            self.assertEqual(got, self.intended(prompt, k)[:-1], out["text"])
+            self.assertEqual(out["meta_info"]["finish_reason"]["type"], "stop")
+        self.assert_server_alive_and_idle_clean()
+
+    def test_lone_request_speculates_at_predicted_acceptance(self):
+        prompt = self.prompts(1, seed=3)[0]
+        out = post_concurrently(self.base_url, [(prompt, greedy_params(128))])[0]
+        self.assert_outputs_intended([prompt], [out], [128])
+        self.assertLessEqual(plain_step_tokens(out["meta_info"]), MIN_DWELL_STEPS)
+        predicted = expected_accept_length(self.draft_accept, self.spec["num_steps"], self.spec["topk"])
+        self.assertAlmostEqual(spec_accept_length([out["meta_info"]]), predicted, delta=0.2 * predicted)
+
+
+class TestLoadAwareTopk1TritonGraphs(MatrixMixin, LoadAwareServerBase):
+    spec = TOPK1
+
+
+class TestLoadAwareTopk1TritonPage16Eager(MatrixMixin, LoadAwareServerBase):
+    spec = TOPK1
+    page_size = 16
+    cuda_graph = False
+
+
+class TestLoadAwareTopk4FlashinferPage16Graphs(MatrixMixin, LoadAwareServerBase):
+    backend = "flashinfer"
+    page_size = 16
+
+
+class TestLoadAwareTopk4FlashinferEager(MatrixMixin, LoadAwareServerBase):
+    backend = "flashinfer"
+    cuda_graph = False
+
+
+if __name__ == "__main__":
+    unittest.main()
