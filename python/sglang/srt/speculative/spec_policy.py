@@ -248,8 +248,8 @@ def resolve_load_aware_server_args(server_args: ServerArgs) -> None:
         raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
 
     if m is None:
-        server_args.speculative_enable_batch_threshold = (
-            default_enable_batch_threshold(n)
+        server_args.speculative_enable_batch_threshold = default_enable_batch_threshold(
+            n
         )
     max_running = server_args.max_running_requests
     if max_running is not None and max_running < n:

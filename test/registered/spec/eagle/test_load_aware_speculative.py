@@ -218,17 +218,21 @@ class MatrixMixin:
 
     def test_stop_strings_during_plain_steps(self):
         prompts = self.prompts(16, seed=2)
-        stop_at = [5 + i for i in range(16)]
-        params = []
-        for prompt, k in zip(prompts, stop_at):
-            stop_token = self.intended(prompt, k)[-1]
-            params.append(greedy_params(64, stop=[f"w{stop_token}"], ignore_eos=True))
+        # Stop at a 4-digit token: its text "wNNNN" is no substring of another token's.
+        stop_at = [self.first_four_digit_position(p, start=5 + i) for i, p in enumerate(prompts)]
+        params = [
+            greedy_params(64, stop=[f"w{self.intended(p, k)[-1]}"]) for p, k in zip(prompts, stop_at)
+        ]
         outputs = post_concurrently(self.base_url, list(zip(prompts, params)))
         for prompt, k, out in zip(prompts, stop_at, outputs):
             got = [int(t) for t in re.findall(r"w(\d+)", out["text"])]
             self.assertEqual(got, self.intended(prompt, k)[:-1], out["text"])
             self.assertEqual(out["meta_info"]["finish_reason"]["type"], "stop")
         self.assert_server_alive_and_idle_clean()
+
+    def first_four_digit_position(self, prompt: List[int], start: int) -> int:
+        continuation = self.intended(prompt, 64)
+        return next(k for k in range(start, 64) if continuation[k - 1] >= 1000)
 
     def test_lone_request_speculates_at_predicted_acceptance(self):
         prompt = self.prompts(1, seed=3)[0]

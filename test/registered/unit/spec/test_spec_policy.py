@@ -196,7 +196,9 @@ class TestSpecPolicySequences(CustomTestCase):
         # With a dwell of 3, a resume needs 3 plain steps first.
         policy = SpecPolicy(16, 8, min_dwell_steps=3)
         modes = [policy.decide(bs).speculate for bs in [8, 16] * 50]
-        self.assertEqual(modes[:8], [True, False, False, False, True, False, False, False])
+        self.assertEqual(
+            modes[:8], [True, False, False, False, True, False, False, False]
+        )
         self.assertEqual(policy.num_toggles, modes.count(True) * 2 - 1)
 
     def test_matches_reference_on_random_sequences(self):
@@ -212,9 +214,7 @@ class TestSpecPolicySequences(CustomTestCase):
             self.assertEqual(modes, reference_modes(sizes, n, m, dwell), trial)
             # Invariants: speculation only below N; counters consistent.
             self.assertTrue(all(bs < n for bs, s in zip(sizes, modes) if s))
-            toggles = sum(
-                a != b for a, b in zip([True] + modes[:-1], modes)
-            )
+            toggles = sum(a != b for a, b in zip([True] + modes[:-1], modes))
             self.assertEqual(policy.num_toggles, toggles)
             self.assertEqual(sum(d.toggled for d in decisions), toggles)
             self.assertEqual(policy.num_spec_steps, sum(modes))

@@ -1,0 +1,317 @@
+"""ScheduleBatch bookkeeping of load-aware speculation, on CPU.
+
+Real ServerArgs (tiny local config, device="cpu"), real ReqToTokenPool /
+TokenToKVPoolAllocator / ChunkCache and a real prefill (prepare_for_extend);
+no model, no worker, no GPU. Checks what prepare_for_decode leaves for the
+worker on plain and speculative steps, the KV reservation, and filter_batch
+after each kind of step. page_size > 1 needs triton kernels: GPU tests cover it.
+"""
+
+import json
+import os
+import tempfile
+import unittest
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.environ import envs
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.chunk_cache import ChunkCache
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_policy import (
+    SpecPolicy,
+    pin_spec_reservation,
+    unpin_spec_reservation,
+)
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+
+TINY_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+}
+PROMPT_LENS = [3, 5, 2, 4]
+HIDDEN = 64
+TOPK = 2
+
+
+def draft_input(bonus):
+    """An EagleDraftInput as the draft extend leaves it (rows tagged by bonus)."""
+    bonus = torch.tensor(bonus, dtype=torch.int32)
+    bs = len(bonus)
+    return EagleDraftInput(
+        bonus_tokens=bonus,
+        topk_p=bonus[:, None].float().repeat(1, TOPK),
+        topk_index=bonus[:, None].long().repeat(1, TOPK),
+        hidden_states=bonus[:, None].float().repeat(1, HIDDEN),
+    )
+
+
+class LoadAwareBatchTestBase(CustomTestCase):
+    speculative_algorithm = "EAGLE"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmpdir = tempfile.TemporaryDirectory()
+        with open(os.path.join(cls.tmpdir.name, "config.json"), "w") as f:
+            json.dump(TINY_LLAMA_CONFIG, f)
+        spec_kwargs = {}
+        if cls.speculative_algorithm is not None:
+            spec_kwargs = dict(
+                speculative_algorithm=cls.speculative_algorithm,
+                speculative_draft_model_path=cls.tmpdir.name,
+                speculative_num_steps=3,
+                speculative_eagle_topk=TOPK,
+                speculative_num_draft_tokens=5,
+                speculative_disable_batch_threshold=3,
+                speculative_enable_batch_threshold=2,
+                speculative_load_aware_min_dwell_steps=0,
+            )
+        with envs.SGLANG_ENABLE_SPEC_V2.override(False):
+            cls.server_args = ServerArgs(
+                model_path=cls.tmpdir.name,
+                device="cpu",
+                skip_tokenizer_init=True,
+                **spec_kwargs,
+            )
+        set_global_server_args_for_scheduler(cls.server_args)
+        cls.model_config = ModelConfig.from_server_args(cls.server_args)
+
+    @classmethod
+    def tearDownClass(cls):
+        unpin_spec_reservation()
+        cls.tmpdir.cleanup()
+
+    def setUp(self):
+        self.req_to_token_pool = ReqToTokenPool(
+            size=8, max_context_len=64, device="cpu", enable_memory_saver=False
+        )
+        self.allocator = TokenToKVPoolAllocator(
+            size=512, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=False
+        )
+        self.tree_cache = ChunkCache(
+            CacheInitParams(
+                disable=True,
+                req_to_token_pool=self.req_to_token_pool,
+                token_to_kv_pool_allocator=self.allocator,
+                page_size=1,
+            )
+        )
+
+    def prefilled_batch(self):
+        """A batch right after prefill + draft extend: one output token each."""
+        reqs = []
+        for i, n in enumerate(PROMPT_LENS):
+            req = Req(
+                f"r{i}", "", list(range(1, n + 1)), SamplingParams(max_new_tokens=64)
+            )
+            req.init_next_round_input(self.tree_cache)
+            reqs.append(req)
+        batch = ScheduleBatch.init_new(
+            reqs,
+            self.req_to_token_pool,
+            self.allocator,
+            self.tree_cache,
+            self.model_config,
+            False,
+            SpeculativeAlgorithm.from_string(self.speculative_algorithm),
+        )
+        batch.prepare_for_extend()
+        first = [100 + i for i in range(len(reqs))]
+        for req, token in zip(reqs, first):
+            req.output_ids.append(token)
+        batch.output_ids = torch.tensor(first, dtype=torch.int64)
+        if self.speculative_algorithm is not None:
+            batch.spec_info = draft_input(first)
+        batch.filter_batch()
+        return batch
+
+    def prefilled_batch_of_one(self, rid="new"):
+        req = Req(rid, "", [1, 2, 3], SamplingParams(max_new_tokens=8))
+        req.init_next_round_input(self.tree_cache)
+        batch = ScheduleBatch.init_new(
+            [req],
+            self.req_to_token_pool,
+            self.allocator,
+            self.tree_cache,
+            self.model_config,
+            False,
+            SpeculativeAlgorithm.EAGLE,
+        )
+        batch.prepare_for_extend()
+        req.output_ids.append(150)
+        batch.output_ids = torch.tensor([150])
+        batch.spec_info = draft_input([150])
+        return batch
+
+
+class TestLoadAwarePrepareForDecode(LoadAwareBatchTestBase):
+    def test_plain_step_is_a_plain_decode_step(self):
+        batch = self.prefilled_batch()
+        policy = SpecPolicy(3, 2, min_dwell_steps=0)
+        old_seq_lens = batch.seq_lens.clone()
+        old_sum = batch.seq_lens_sum
+        free_before = self.allocator.available_size()
+
+        self.assertTrue(batch.check_decode_mem())
+        batch.prepare_for_decode(policy)  # bs = 4 >= 3: plain
+
+        self.assertFalse(batch.spec_step)
+        self.assertFalse(policy.speculating)
+        self.assertIsNone(batch.spec_info)
+        self.assertEqual(batch.input_ids.dtype, torch.int64)
+        self.assertEqual(batch.input_ids.tolist(), [100, 101, 102, 103])
+        self.assertEqual(batch.seq_lens.tolist(), (old_seq_lens + 1).tolist())
+        self.assertEqual(batch.seq_lens_cpu.tolist(), (old_seq_lens + 1).tolist())
+        self.assertEqual(batch.seq_lens_sum, old_sum + 4)
+        # One new KV slot per request, at position old seq_len.
+        self.assertEqual(batch.out_cache_loc.shape, (4,))
+        self.assertEqual(self.allocator.available_size(), free_before - 4)
+        written = self.req_to_token_pool.req_to_token[
+            batch.req_pool_indices, old_seq_lens.long()
+        ]
+        self.assertEqual(written.tolist(), batch.out_cache_loc.tolist())
+        for req, n in zip(batch.reqs, PROMPT_LENS):
+            self.assertEqual(req.kv_committed_len, n + 1)
+            self.assertEqual(req.kv_allocated_len, n + 1)
+        # The worker runs the batch through a model worker batch in DECODE.
+        mwb = batch.get_model_worker_batch()
+        self.assertTrue(mwb.forward_mode.is_decode())
+        self.assertIsNone(mwb.spec_info)
+
+    def test_plain_step_after_verify_recomputes_seq_lens_sum(self):
+        batch = self.prefilled_batch()
+        policy = SpecPolicy(3, 2, min_dwell_steps=0)
+        batch.filter_batch(keep_indices=[0, 1])
+        batch.prepare_for_decode(policy)  # bs = 2: speculate
+        self.assertTrue(batch.spec_step)
+        # What verify() leaves: seq_lens advanced by the accepted tokens,
+        # seq_lens_sum not updated, a fresh draft input.
+        accepted = torch.tensor([3, 1])
+        batch.seq_lens.add_(accepted)
+        batch.seq_lens_cpu.add_(accepted)
+        for req, n in zip(batch.reqs, accepted.tolist()):
+            req.kv_committed_len += n
+            req.kv_allocated_len += n
+        batch.spec_info = draft_input([300, 301])
+        # Two requests join: bs = 4, plain step.
+        batch.merge_batch(self.prefilled_batch_of_one("a"))
+        batch.merge_batch(self.prefilled_batch_of_one("b"))
+        batch.filter_batch(v1_spec_info_filtered=True)
+        batch.prepare_for_decode(policy)
+        self.assertFalse(batch.spec_step)
+        self.assertEqual(batch.seq_lens_sum, int(batch.seq_lens.sum()))
+        self.assertEqual(batch.input_ids.tolist(), [300, 301, 150, 150])
+
+    def test_speculative_step_is_unchanged(self):
+        batch = self.prefilled_batch()
+        batch.filter_batch(keep_indices=[0, 1])
+        policy = SpecPolicy(3, 2, min_dwell_steps=0)
+        seq_lens = batch.seq_lens.tolist()
+        spec_info = batch.spec_info
+        free_before = self.allocator.available_size()
+
+        batch.prepare_for_decode(policy)  # bs = 2 < 3: speculate
+
+        self.assertTrue(batch.spec_step)
+        self.assertIs(batch.spec_info, spec_info)
+        self.assertEqual(batch.seq_lens.tolist(), seq_lens)
+        self.assertEqual(self.allocator.available_size(), free_before)
+        self.assertEqual(policy.num_spec_steps, 1)
+
+    def test_no_policy_always_speculates(self):
+        batch = self.prefilled_batch()
+        batch.prepare_for_decode()
+        self.assertTrue(batch.spec_step)
+        self.assertIsNotNone(batch.spec_info)
+
+    def test_reservation_pinned_to_speculative_worst_case(self):
+        batch = self.prefilled_batch()
+        # steps * topk = 6 > draft tokens = 5, per request (page size 1).
+        self.assertEqual(batch.new_tokens_required_next_decode(), 6 * 4)
+        pin_spec_reservation(self.server_args)
+        try:
+            saved = self.server_args.speculative_num_steps
+            self.server_args.speculative_num_steps = 1
+            self.assertEqual(batch.new_tokens_required_next_decode(), 6 * 4)
+            self.assertEqual(batch.new_tokens_required_next_decode([0, 2]), 6 * 2)
+        finally:
+            self.server_args.speculative_num_steps = saved
+            unpin_spec_reservation()
+        self.assertEqual(batch.new_tokens_required_next_decode(), 6 * 4)
+
+    def test_copy_keeps_predicate(self):
+        batch = self.prefilled_batch()
+        batch.prepare_for_decode(SpecPolicy(3, 2, min_dwell_steps=0))
+        self.assertFalse(batch.copy().spec_step)
+
+
+class TestLoadAwareFilterBatch(LoadAwareBatchTestBase):
+    def test_filter_after_plain_step_index_selects(self):
+        batch = self.prefilled_batch()
+        batch.prepare_for_decode(SpecPolicy(3, 2, min_dwell_steps=0))
+        self.assertFalse(batch.spec_step)
+        # The worker installs a draft input for every request of the batch.
+        batch.spec_info = draft_input([200, 201, 202, 203])
+        batch.reqs[1].finished_reason = object()  # request 1 finished
+        batch.filter_batch(v1_spec_info_filtered=True)
+        self.assertEqual([r.rid for r in batch.reqs], ["r0", "r2", "r3"])
+        self.assertEqual(batch.spec_info.bonus_tokens.tolist(), [200, 202, 203])
+        self.assertEqual(batch.spec_info.topk_index[:, 0].tolist(), [200, 202, 203])
+        self.assertEqual(batch.spec_info.hidden_states[:, 0].tolist(), [200, 202, 203])
+
+    def test_filter_after_speculative_step_prefix_slices(self):
+        batch = self.prefilled_batch()
+        batch.prepare_for_decode()  # speculative
+        self.assertTrue(batch.spec_step)
+        # verify() already restricted spec_info to the unfinished requests.
+        batch.spec_info = draft_input([200, 202, 203])
+        batch.reqs[1].finished_reason = object()
+        batch.filter_batch(v1_spec_info_filtered=True)
+        self.assertEqual(batch.spec_info.bonus_tokens.tolist(), [200, 202, 203])
+
+    def test_merge_after_plain_step_then_filter(self):
+        batch = self.prefilled_batch()
+        batch.prepare_for_decode(SpecPolicy(3, 2, min_dwell_steps=0))
+        batch.spec_info = draft_input([200, 201, 202, 203])
+        batch.reqs[3].finished_reason = object()
+        # A prefill batch joins before the next decode step.
+        new = self.prefilled_batch_of_one()
+        batch.merge_batch(new)
+        batch.filter_batch(v1_spec_info_filtered=True)
+        self.assertEqual(batch.spec_info.bonus_tokens.tolist(), [200, 201, 202, 150])
+
+
+class TestNonSpeculativeServerUnchanged(LoadAwareBatchTestBase):
+    speculative_algorithm = None
+
+    def test_plain_decode(self):
+        batch = self.prefilled_batch()
+        seq_lens = batch.seq_lens.tolist()
+        batch.prepare_for_decode()
+        self.assertFalse(batch.spec_step)
+        self.assertEqual(batch.input_ids.tolist(), [100, 101, 102, 103])
+        self.assertEqual(batch.seq_lens.tolist(), [n + 1 for n in seq_lens])
+        self.assertEqual(batch.new_tokens_required_next_decode(), 4)
+
+
+if __name__ == "__main__":
+    unittest.main()
