@@ -89,15 +89,39 @@ def accept_length(outputs: Sequence[dict]) -> float:
 
 @contextlib.contextmanager
 def running_server(model_path: str, other_args: Sequence[str], env: Dict[str, str] = None) -> Iterator[Tuple[str, "object"]]:
-    """An HTTP server (``popen_launch_server``) with the idle and busy KV leak checks on."""
-    from sglang.srt.utils import kill_process_tree
-    from sglang.test.test_utils import DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH, DEFAULT_URL_FOR_TEST, popen_launch_server
+    """``python -m sglang.launch_server`` with the idle and busy KV leak checks on.
 
+    Launched through the interpreter rather than the ``sglang`` console script so that
+    it also runs from a source tree on PYTHONPATH.
+    """
+    import subprocess
+    import sys
+    import time
+    from urllib.parse import urlparse
+
+    import requests
+
+    from sglang.srt.utils import kill_process_tree
+    from sglang.test.test_utils import DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH, DEFAULT_URL_FOR_TEST
+
+    url = urlparse(DEFAULT_URL_FOR_TEST)
+    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
+    command += ["--host", url.hostname, "--port", str(url.port), *other_args]
     full_env = {**os.environ, "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", **(env or {})}
-    process = popen_launch_server(
-        model_path, DEFAULT_URL_FOR_TEST, DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH, other_args=list(other_args), env=full_env
-    )
+    process = subprocess.Popen(command, env=full_env)
     try:
+        deadline = time.time() + DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited with {process.returncode} during startup")
+            try:
+                if requests.get(f"{DEFAULT_URL_FOR_TEST}/health_generate", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.time() > deadline:
+                raise TimeoutError("server did not become healthy")
+            time.sleep(2)
         yield DEFAULT_URL_FOR_TEST, process
     finally:
         kill_process_tree(process.pid)
