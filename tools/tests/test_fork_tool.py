@@ -69,6 +69,9 @@ class TestForkTool(unittest.TestCase):
         self.addCleanup(self.repo.close)
         self.repo.fork("sync")
 
+    def series_files(self):
+        return sorted(self.repo.path("patches").glob("*.patch"))
+
     def edit(self, rel: str, line: str) -> None:
         with open(self.repo.path(rel), "a") as f:
             f.write(line)
@@ -85,19 +88,20 @@ class TestForkTool(unittest.TestCase):
     def test_saved_edit_survives_materialization_from_scratch(self):
         self.edit(EDITED, "\n# fork edit one\n")
         self.assertIn("edited", self.repo.fork("status").stdout)
+        before = {p.name for p in self.series_files()}
         self.repo.fork("save", "--new", "Add a marker", "--body", "Because a test needs it.")
-        patches = sorted(self.repo.path("patches").glob("*.patch"))
-        self.assertEqual([p.name for p in patches], ["0001-Add-a-marker.patch"])
+        (added,) = [p for p in self.series_files() if p.name not in before]
+        self.assertTrue(added.name.endswith("-Add-a-marker.patch"))
         self.edit(EDITED, "# fork edit two\n")
-        self.repo.fork("save", "--amend", "0001")
-        self.assertEqual(len(list(self.repo.path("patches").glob("*.patch"))), 1)
+        self.repo.fork("save", "--amend", added.name[:4])
+        self.assertEqual(len(self.series_files()), len(before) + 1)
 
         shutil.rmtree(self.repo.path("python/sglang"))
         shutil.rmtree(self.repo.path("python/.fork"))
         self.repo.fork("sync")
         text = self.repo.path(EDITED).read_text()
         self.assertTrue(text.endswith("\n# fork edit one\n# fork edit two\n"))
-        self.assertIn("ok: 1 patches apply cleanly", self.repo.fork("check").stdout)
+        self.assertIn(f"ok: {len(before) + 1} patches apply cleanly", self.repo.fork("check").stdout)
 
     def test_sync_refuses_to_discard_unsaved_edits(self):
         self.edit(EDITED, "# unsaved\n")
@@ -147,7 +151,8 @@ class TestForkTool(unittest.TestCase):
         git(upstream, "add", "-A")
         git(upstream, "-c", "user.name=u", "-c", "user.email=u@u", "commit", "-qm", "upstream")
         git(upstream, "-c", "user.name=u", "-c", "user.email=u@u", "am", *map(str, sorted(out.glob("*.patch"))))
-        self.assertEqual(len(git(upstream, "log", "--oneline").splitlines()), 3)
+        num_patches = len(list(self.repo.path("patches").glob("*.patch")))
+        self.assertEqual(len(git(upstream, "log", "--oneline").splitlines()), 2 + num_patches)
         self.assertEqual((upstream / new_file).read_text(), "FORK_ONLY = True\n")
         self.assertEqual((upstream / EDITED).read_text(), self.repo.path(EDITED).read_text())
 

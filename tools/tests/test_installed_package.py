@@ -22,6 +22,8 @@ class TestInstalledPackage(unittest.TestCase):
         result = run_python("-m", "sglang.launch_server", "--help")
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertIn("--speculative-algorithm", result.stdout)
+        for flag in ("--speculative-disable-batch-threshold", "--speculative-enable-batch-threshold"):
+            self.assertIn(flag, result.stdout)
 
 
 if __name__ == "__main__":
