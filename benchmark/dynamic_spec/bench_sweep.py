@@ -26,14 +26,27 @@ from typing import Dict, List, Optional
 
 import aiohttp
 import requests
-from tqdm import tqdm
-
 from sglang.srt.utils import kill_process_tree
 from sglang.test.spec_engine_utils import synthetic_pair
 from sglang.test.test_utils import popen_launch_server
+from tqdm import tqdm
 
-TOPK1 = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
-TOPK4 = ["--speculative-num-steps", "2", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"]
+TOPK1 = [
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+]
+TOPK4 = [
+    "--speculative-num-steps",
+    "2",
+    "--speculative-eagle-topk",
+    "4",
+    "--speculative-num-draft-tokens",
+    "16",
+]
 V1 = {"SGLANG_ENABLE_SPEC_V2": "0"}
 
 
@@ -70,10 +83,16 @@ class RequestResult:
     finished_at: float
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, input_ids: List[int], output_len: int) -> RequestResult:
+async def one_request(
+    session: aiohttp.ClientSession, url: str, input_ids: List[int], output_len: int
+) -> RequestResult:
     payload = {
         "input_ids": input_ids,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True},
+        "sampling_params": {
+            "temperature": 0.0,
+            "max_new_tokens": output_len,
+            "ignore_eos": True,
+        },
         "stream": True,
     }
     start = time.perf_counter()
@@ -98,7 +117,13 @@ async def one_request(session: aiohttp.ClientSession, url: str, input_ids: List[
     )
 
 
-async def closed_loop(url: str, prompts: List[List[int]], output_len: int, concurrency: int, deadline: Optional[float] = None) -> List[RequestResult]:
+async def closed_loop(
+    url: str,
+    prompts: List[List[int]],
+    output_len: int,
+    concurrency: int,
+    deadline: Optional[float] = None,
+) -> List[RequestResult]:
     """concurrency workers issue the prompts back to back (until the deadline, if any)."""
     queue = list(prompts)
     results: List[RequestResult] = []
@@ -115,11 +140,19 @@ async def closed_loop(url: str, prompts: List[List[int]], output_len: int, concu
 
 def percentile(values: List[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+    return (
+        ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        if ordered
+        else float("nan")
+    )
 
 
 def summarize(results: List[RequestResult], wall: float) -> Dict[str, Optional[float]]:
-    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in results if r.output_tokens > 1]
+    tpots = [
+        (r.latency - r.ttft) / (r.output_tokens - 1)
+        for r in results
+        if r.output_tokens > 1
+    ]
     verify = sum(r.verify_ct for r in results)
     return {
         "num_requests": len(results),
@@ -127,7 +160,11 @@ def summarize(results: List[RequestResult], wall: float) -> Dict[str, Optional[f
         "tpot_p50_ms": 1000 * percentile(tpots, 0.5),
         "tpot_p99_ms": 1000 * percentile(tpots, 0.99),
         "ttft_p50_ms": 1000 * percentile([r.ttft for r in results], 0.5),
-        "accept_length": (verify + sum(r.correct_drafts for r in results)) / verify if verify else None,
+        "accept_length": (
+            (verify + sum(r.correct_drafts for r in results)) / verify
+            if verify
+            else None
+        ),
     }
 
 
@@ -148,7 +185,9 @@ def wait_gpu_idle(max_used_mib: int = 2048, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         used = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
         ).stdout.split()
         if used and max(int(u) for u in used) <= max_used_mib:
             return
@@ -156,31 +195,52 @@ def wait_gpu_idle(max_used_mib: int = 2048, timeout: float = 120) -> None:
     raise RuntimeError("GPU still busy: the previous server did not exit")
 
 
-def run_config(args, config: Config, target: str, draft: str, prompts: List[List[int]]) -> dict:
+def run_config(
+    args, config: Config, target: str, draft: str, prompts: List[List[int]]
+) -> dict:
     wait_gpu_idle()
     server_args = [
-        "--attention-backend", args.attention_backend,
-        "--cuda-graph-max-bs", str(max(args.concurrency)),
-        "--max-running-requests", str(max(args.concurrency)),
-        "--mem-fraction-static", str(args.mem_fraction_static),
+        "--attention-backend",
+        args.attention_backend,
+        "--cuda-graph-max-bs",
+        str(max(args.concurrency)),
+        "--max-running-requests",
+        str(max(args.concurrency)),
+        "--mem-fraction-static",
+        str(args.mem_fraction_static),
         "--skip-tokenizer-init",
         "--enable-metrics",
     ]
     if config.spec_args:
-        server_args += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft] + config.spec_args
+        server_args += [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            draft,
+        ] + config.spec_args
     env = {**os.environ, **config.env}
-    process = popen_launch_server(target, args.url, timeout=1200, other_args=server_args, env=env)
+    process = popen_launch_server(
+        target, args.url, timeout=1200, other_args=server_args, env=env
+    )
     try:
         record = {"config": config.name, "server_args": server_args, "env": config.env}
         asyncio.run(closed_loop(args.url, prompts[:8], args.output_len, 8))  # warm up
-        record["kv_capacity_tokens"] = server_state(args.url)["memory_usage"]["token_capacity"]
+        record["kv_capacity_tokens"] = server_state(args.url)["memory_usage"][
+            "token_capacity"
+        ]
         record["points"] = []
         for concurrency in tqdm(args.concurrency, desc=config.name):
             num = max(args.min_requests, args.requests_per_concurrency * concurrency)
             before, start = server_state(args.url), time.perf_counter()
-            results = asyncio.run(closed_loop(args.url, prompts[:num], args.output_len, concurrency))
+            results = asyncio.run(
+                closed_loop(args.url, prompts[:num], args.output_len, concurrency)
+            )
             point = summarize(results, time.perf_counter() - start)
-            point.update(config=config.name, concurrency=concurrency, spec_step_share=spec_step_share(config, before, server_state(args.url)))
+            point.update(
+                config=config.name,
+                concurrency=concurrency,
+                spec_step_share=spec_step_share(config, before, server_state(args.url)),
+            )
             record["points"].append(point)
         record["ramp"] = run_ramp(args, config, prompts)
         return record
@@ -196,7 +256,9 @@ def run_ramp(args, config: Config, prompts: List[List[int]]) -> dict:
     for concurrency in tqdm(phases, desc=f"{config.name} ramp"):
         start = time.perf_counter()
         deadline = start + args.ramp_phase_seconds
-        results = asyncio.run(closed_loop(args.url, prompts * 8, args.output_len, concurrency, deadline))
+        results = asyncio.run(
+            closed_loop(args.url, prompts * 8, args.output_len, concurrency, deadline)
+        )
         wall = time.perf_counter() - start
         tokens = sum(r.output_tokens for r in results)
         per_phase.append({"concurrency": concurrency, "output_tok_s": tokens / wall})
@@ -210,13 +272,27 @@ def run_ramp(args, config: Config, prompts: List[List[int]]) -> dict:
 
 
 def markdown_table(records: List[dict], concurrency: List[int]) -> str:
-    lines = ["| config | KV tokens | ramp tok/s | " + " | ".join(f"C={c}" for c in concurrency) + " |"]
+    lines = [
+        "| config | KV tokens | ramp tok/s | "
+        + " | ".join(f"C={c}" for c in concurrency)
+        + " |"
+    ]
     lines.append("|---" * (3 + len(concurrency)) + "|")
     for record in records:
         by_c = {p["concurrency"]: p for p in record["points"]}
-        cells = [f"{by_c[c]['output_tok_s']:.0f} ({by_c[c]['spec_step_share']:.0%} spec)" for c in concurrency]
-        lines.append(f"| {record['config']} | {record['kv_capacity_tokens']} | {record['ramp']['output_tok_s']:.0f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\nCells: output tok/s (share of decode steps that speculated).\n"
+        cells = [
+            f"{by_c[c]['output_tok_s']:.0f} ({by_c[c]['spec_step_share']:.0%} spec)"
+            for c in concurrency
+        ]
+        lines.append(
+            f"| {record['config']} | {record['kv_capacity_tokens']} | {record['ramp']['output_tok_s']:.0f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return (
+        "\n".join(lines)
+        + "\n\nCells: output tok/s (share of decode steps that speculated).\n"
+    )
 
 
 def plot(records: List[dict], path: str, title: str) -> None:
@@ -228,7 +304,12 @@ def plot(records: List[dict], path: str, title: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for record in records:
         points = sorted(record["points"], key=lambda p: p["concurrency"])
-        ax.plot([p["concurrency"] for p in points], [p["output_tok_s"] for p in points], marker="o", label=record["config"])
+        ax.plot(
+            [p["concurrency"] for p in points],
+            [p["output_tok_s"] for p in points],
+            marker="o",
+            label=record["config"],
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency")
     ax.set_ylabel("output tok/s")
@@ -242,18 +323,48 @@ def plot(records: List[dict], path: str, title: str) -> None:
 def write_results(args, records: List[dict], model: str) -> str:
     out_dir = os.path.join(args.out_dir, f"{datetime.date.today().isoformat()}-{model}")
     os.makedirs(out_dir, exist_ok=True)
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
-    header = {"model": model, "gpu": gpu, "commit": commit, "command": " ".join([sys.executable] + sys.argv)}
+    gpu = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    commit = (
+        subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        or "unknown"
+    )
+    header = {
+        "model": model,
+        "gpu": gpu,
+        "commit": commit,
+        "command": " ".join([sys.executable] + sys.argv),
+    }
     with open(os.path.join(out_dir, "raw.json"), "w") as f:
         json.dump({**header, "records": records}, f, indent=1)
     summary = {
         **{k: header[k] for k in ("model", "gpu", "commit")},
         "points": [
-            {k: p[k] for k in ("config", "concurrency", "output_tok_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "accept_length", "spec_step_share")}
-            for r in records for p in r["points"]
+            {
+                k: p[k]
+                for k in (
+                    "config",
+                    "concurrency",
+                    "output_tok_s",
+                    "tpot_p50_ms",
+                    "tpot_p99_ms",
+                    "ttft_p50_ms",
+                    "accept_length",
+                    "spec_step_share",
+                )
+            }
+            for r in records
+            for p in r["points"]
         ],
-        "ramp": [{"config": r["ramp"]["config"], "output_tok_s": r["ramp"]["output_tok_s"]} for r in records],
+        "ramp": [
+            {"config": r["ramp"]["config"], "output_tok_s": r["ramp"]["output_tok_s"]}
+            for r in records
+        ],
         "kv_capacity_tokens": {r["config"]: r["kv_capacity_tokens"] for r in records},
     }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
@@ -266,22 +377,42 @@ def write_results(args, records: List[dict], model: str) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="tiny", help="synthetic model preset (sglang.test.synthetic_spec_models)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--preset",
+        default="tiny",
+        help="synthetic model preset (sglang.test.synthetic_spec_models)",
+    )
     parser.add_argument("--draft-accept", type=float, default=0.8)
-    parser.add_argument("--configs", default="nospec,eagle3-topk1,eagle3-topk4,loadaware-topk1,loadaware-topk4,upstream-adaptive-topk1")
-    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    parser.add_argument(
+        "--configs",
+        default="nospec,eagle3-topk1,eagle3-topk4,loadaware-topk1,loadaware-topk4,upstream-adaptive-topk1",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+    )
     parser.add_argument("--disable-threshold", type=int, default=16)
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--requests-per-concurrency", type=int, default=4)
     parser.add_argument("--min-requests", type=int, default=16)
-    parser.add_argument("--ramp", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64, 128])
+    parser.add_argument(
+        "--ramp",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 4, 16, 64, 128],
+    )
     parser.add_argument("--ramp-phase-seconds", type=float, default=10.0)
     parser.add_argument("--attention-backend", default="triton")
     parser.add_argument("--mem-fraction-static", type=float, default=0.8)
     parser.add_argument("--url", default="http://127.0.0.1:31000")
-    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument(
+        "--out-dir",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+    )
     return parser.parse_args()
 
 
@@ -289,11 +420,21 @@ def main() -> None:
     args = parse_args()
     configs = build_configs(args.disable_threshold)
     target, draft = synthetic_pair(args.preset, args.draft_accept)
-    num_prompts = max(args.min_requests, args.requests_per_concurrency * max(args.concurrency))
+    num_prompts = max(
+        args.min_requests, args.requests_per_concurrency * max(args.concurrency)
+    )
     rng = random.Random(0)
-    prompts = [[rng.randrange(3, 1000) for _ in range(args.input_len)] for _ in range(num_prompts)]
-    records = [run_config(args, configs[name], target, draft, prompts) for name in args.configs.split(",")]
-    print(f"results in {write_results(args, records, f'{args.preset}-p{args.draft_accept}')}")
+    prompts = [
+        [rng.randrange(3, 1000) for _ in range(args.input_len)]
+        for _ in range(num_prompts)
+    ]
+    records = [
+        run_config(args, configs[name], target, draft, prompts)
+        for name in args.configs.split(",")
+    ]
+    print(
+        f"results in {write_results(args, records, f'{args.preset}-p{args.draft_accept}')}"
+    )
 
 
 if __name__ == "__main__":

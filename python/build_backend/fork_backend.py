@@ -20,7 +20,9 @@ def _materialize() -> None:
     try:
         print(f"sglang-fork: {materialize(Layout.find())}", file=sys.stderr)
     except ForkError as e:
-        raise SystemExit(f"sglang-fork: cannot materialize upstream SGLang: {e}") from None
+        raise SystemExit(
+            f"sglang-fork: cannot materialize upstream SGLang: {e}"
+        ) from None
 
 
 def _materializing(hook):
@@ -35,8 +37,12 @@ def _materializing(hook):
 get_requires_for_build_wheel = _setuptools.get_requires_for_build_wheel
 get_requires_for_build_editable = _setuptools.get_requires_for_build_editable
 get_requires_for_build_sdist = _setuptools.get_requires_for_build_sdist
-prepare_metadata_for_build_wheel = _materializing(_setuptools.prepare_metadata_for_build_wheel)
-prepare_metadata_for_build_editable = _materializing(_setuptools.prepare_metadata_for_build_editable)
+prepare_metadata_for_build_wheel = _materializing(
+    _setuptools.prepare_metadata_for_build_wheel
+)
+prepare_metadata_for_build_editable = _materializing(
+    _setuptools.prepare_metadata_for_build_editable
+)
 build_wheel = _materializing(_setuptools.build_wheel)
 build_editable = _materializing(_setuptools.build_editable)
 build_sdist = _materializing(_setuptools.build_sdist)

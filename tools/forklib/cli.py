@@ -17,18 +17,41 @@ def build_parser() -> argparse.ArgumentParser:
         description="Maintain the fork: pinned upstream SGLang + our patch series + our files.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sync = sub.add_parser("sync", help="re-materialize upstream and re-apply the series")
-    sync.add_argument("--force", action="store_true", help="discard unsaved edits to upstream files")
-    sub.add_parser("status", help="which upstream files differ from pristine + series, and how")
-    save = sub.add_parser("save", help="write edits made to upstream files back into the series")
+    sync = sub.add_parser(
+        "sync", help="re-materialize upstream and re-apply the series"
+    )
+    sync.add_argument(
+        "--force", action="store_true", help="discard unsaved edits to upstream files"
+    )
+    sub.add_parser(
+        "status", help="which upstream files differ from pristine + series, and how"
+    )
+    save = sub.add_parser(
+        "save", help="write edits made to upstream files back into the series"
+    )
     mode = save.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--new", metavar="SUBJECT", help="add a new patch with this subject")
-    mode.add_argument("--amend", metavar="PATCH", help="fold the edits into this patch (name or prefix)")
-    save.add_argument("--body", help="commit message body: what the patch does and why (with --new)")
-    sub.add_parser("check", help="exit 0 only if the series applies to pristine upstream and the tree matches")
-    export = sub.add_parser("export", help="write an upstream-ready commit series (git am) to DIR")
+    mode.add_argument(
+        "--new", metavar="SUBJECT", help="add a new patch with this subject"
+    )
+    mode.add_argument(
+        "--amend",
+        metavar="PATCH",
+        help="fold the edits into this patch (name or prefix)",
+    )
+    save.add_argument(
+        "--body", help="commit message body: what the patch does and why (with --new)"
+    )
+    sub.add_parser(
+        "check",
+        help="exit 0 only if the series applies to pristine upstream and the tree matches",
+    )
+    export = sub.add_parser(
+        "export", help="write an upstream-ready commit series (git am) to DIR"
+    )
     export.add_argument("dir", type=Path)
-    rebase = sub.add_parser("rebase", help="move the pin to VERSION with a 3-way apply of the series")
+    rebase = sub.add_parser(
+        "rebase", help="move the pin to VERSION with a 3-way apply of the series"
+    )
     rebase.add_argument("version")
     return parser
 

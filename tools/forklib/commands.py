@@ -33,9 +33,13 @@ follow edit upstream files to use them.
 def _materialized_state(layout: Layout, upstream: Upstream) -> State:
     state = State.load(layout)
     if state is None:
-        raise ForkError("not materialized yet: run `pip install -e python` or `tools/fork sync`")
+        raise ForkError(
+            "not materialized yet: run `pip install -e python` or `tools/fork sync`"
+        )
     if state.stamp != upstream.stamp():
-        raise ForkError("materialization is stale (pin or series changed): run `tools/fork sync`")
+        raise ForkError(
+            "materialization is stale (pin or series changed): run `tools/fork sync`"
+        )
     return state
 
 
@@ -56,7 +60,9 @@ def cmd_sync(layout: Layout, force: bool) -> int:
 def cmd_status(layout: Layout) -> int:
     upstream = Upstream.load(layout)
     state = _materialized_state(layout, upstream)
-    print(f"upstream {upstream.pin.package} {upstream.pin.version}, {len(upstream.series)} patches")
+    print(
+        f"upstream {upstream.pin.package} {upstream.pin.version}, {len(upstream.series)} patches"
+    )
     patched = upstream.patched()
     for rel in sorted(patched):
         names = ", ".join(p.name for p in upstream.series if rel in p.files)
@@ -67,20 +73,30 @@ def cmd_status(layout: Layout) -> int:
     for rel in edited:
         working = read_working(layout, rel)
         kind = "deleted" if working is None else "edited "
-        print(f"  {kind}  {rel} ({_line_delta(expected[rel], working)}; not in the series: `tools/fork save`)")
-    ours = [f for f in tracked_files(layout, "python/sglang") or [] if f not in state.files]
+        print(
+            f"  {kind}  {rel} ({_line_delta(expected[rel], working)}; not in the series: `tools/fork save`)"
+        )
+    ours = [
+        f for f in tracked_files(layout, "python/sglang") or [] if f not in state.files
+    ]
     print(f"  {len(ours)} files of the fork's own under python/sglang")
     return 0
 
 
 def _find_patch(series: List[Patch], name: str) -> int:
-    matches = [i for i, p in enumerate(series) if p.name == name or p.name.startswith(name)]
+    matches = [
+        i for i, p in enumerate(series) if p.name == name or p.name.startswith(name)
+    ]
     if len(matches) != 1:
-        raise ForkError(f"{name!r} names {len(matches)} patches of the series; give a unique prefix")
+        raise ForkError(
+            f"{name!r} names {len(matches)} patches of the series; give a unique prefix"
+        )
     return matches[0]
 
 
-def cmd_save(layout: Layout, subject: Optional[str], body: Optional[str], amend: Optional[str]) -> int:
+def cmd_save(
+    layout: Layout, subject: Optional[str], body: Optional[str], amend: Optional[str]
+) -> int:
     upstream = Upstream.load(layout)
     state = _materialized_state(layout, upstream)
     edited = edited_files(layout, state)
@@ -93,18 +109,35 @@ def cmd_save(layout: Layout, subject: Optional[str], body: Optional[str], amend:
         commits = repo.am(series)
         if amend is None:
             if not subject or not body:
-                raise ForkError("a new patch needs --new SUBJECT and --body saying what and why")
+                raise ForkError(
+                    "a new patch needs --new SUBJECT and --body saying what and why"
+                )
             repo.write_files(working)
             repo.commit_all(f"{subject}\n\n{body.strip()}\n")
-            written = repo.format_patches(commits[-1] if commits else repo.base, layout.patches_dir, len(series) + 1)
+            written = repo.format_patches(
+                commits[-1] if commits else repo.base,
+                layout.patches_dir,
+                len(series) + 1,
+            )
         else:
             written = _amend(repo, series, commits, _find_patch(series, amend), working)
-    print("\n".join(f"wrote {p.relative_to(layout.root) if p.is_relative_to(layout.root) else p}" for p in written))
+    print(
+        "\n".join(
+            f"wrote {p.relative_to(layout.root) if p.is_relative_to(layout.root) else p}"
+            for p in written
+        )
+    )
     print(materialize(layout, force=True))
     return 0
 
 
-def _amend(repo: ScratchRepo, series: List[Patch], commits: List[str], k: int, working: Dict[str, Optional[bytes]]) -> List[Path]:
+def _amend(
+    repo: ScratchRepo,
+    series: List[Patch],
+    commits: List[str],
+    k: int,
+    working: Dict[str, Optional[bytes]],
+) -> List[Path]:
     """Fold the working edits into patch k and replay the later patches on top."""
     repo.write_files(working)
     delta = repo.git("diff", "--binary")
@@ -115,11 +148,15 @@ def _amend(repo: ScratchRepo, series: List[Patch], commits: List[str], k: int, w
     result = run_git(["apply", "-3", f.name], repo.path, check=False)
     Path(f.name).unlink()
     if result.returncode != 0:
-        raise ForkError(f"the edits do not apply on top of {series[k].name}:\n{result.stderr.strip()}")
+        raise ForkError(
+            f"the edits do not apply on top of {series[k].name}:\n{result.stderr.strip()}"
+        )
     repo.git("commit", "-q", "-a", "--amend", "--no-edit")
     for later, commit in zip(series[k + 1 :], commits[k + 1 :]):
         if run_git(["cherry-pick", commit], repo.path, check=False).returncode != 0:
-            raise ForkError(f"{later.name} no longer applies after amending {series[k].name}")
+            raise ForkError(
+                f"{later.name} no longer applies after amending {series[k].name}"
+            )
     with tempfile.TemporaryDirectory() as out:
         fresh = repo.format_patches(f"HEAD~{len(series) - k}", Path(out), k + 1)
         for old, new in zip(series[k:], fresh):
@@ -137,8 +174,12 @@ def cmd_check(layout: Layout) -> int:
         return 1
     for patch in upstream.series:
         if not patch.body:
-            problems.append(f"{patch.name}: the commit message needs a body saying what and why")
-    mismatched = [rel for rel, content in expected.items() if read_working(layout, rel) != content]
+            problems.append(
+                f"{patch.name}: the commit message needs a body saying what and why"
+            )
+    mismatched = [
+        rel for rel, content in expected.items() if read_working(layout, rel) != content
+    ]
     if mismatched:
         problems.append(
             f"{len(mismatched)} upstream files differ from pristine + series "
@@ -165,14 +206,22 @@ def cmd_export(layout: Layout, out_dir: Path) -> int:
     if tracked is None:
         raise ForkError("export needs a git checkout of the fork")
     upstream_paths = set(upstream.pristine_files())
-    ours = {rel: (layout.root / rel).read_bytes() for rel in tracked if rel not in upstream_paths}
+    ours = {
+        rel: (layout.root / rel).read_bytes()
+        for rel in tracked
+        if rel not in upstream_paths
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
-    with ScratchRepo(upstream.pristine_subset(touched_files(upstream.series)), upstream.pin.version) as repo:
+    with ScratchRepo(
+        upstream.pristine_subset(touched_files(upstream.series)), upstream.pin.version
+    ) as repo:
         repo.write_files(ours)
         repo.commit_all(NEW_FILES_MESSAGE)
         repo.am(upstream.series)
         written = repo.format_patches(repo.base, out_dir)
-    print(f"exported {len(written)} commits to {out_dir} (apply with `git am` on upstream {upstream.pin.version})")
+    print(
+        f"exported {len(written)} commits to {out_dir} (apply with `git am` on upstream {upstream.pin.version})"
+    )
     return 0
 
 
@@ -180,9 +229,13 @@ def _download_pin(pin: Pin, version: str, dest: Path) -> Pin:
     wheels = {}
     for tag in pin.wheels:
         python_version = f"{tag[2]}.{tag[3:]}"
-        files = pip_download(f"{pin.package}=={version}", dest, python_version=python_version)
+        files = pip_download(
+            f"{pin.package}=={version}", dest, python_version=python_version
+        )
         if len(files) != 1:
-            raise ForkError(f"expected one {pin.package} {version} wheel for {tag}, pip gave {files}")
+            raise ForkError(
+                f"expected one {pin.package} {version} wheel for {tag}, pip gave {files}"
+            )
         wheels[tag] = PinnedWheel(file=files[0].name, sha256=sha256_of(files[0]))
     return Pin(package=pin.package, version=version, wheels=wheels)
 
@@ -195,22 +248,35 @@ def cmd_rebase(layout: Layout, version: str) -> int:
         new_wheel = Path(tmp) / "wheels" / next(iter(new_pin.wheels.values())).file
         new_pristine = extract_package(new_wheel, Path(tmp) / "pristine")
         touched = touched_files(upstream.series)
-        with ScratchRepo(upstream.pristine_subset(touched), upstream.pin.version) as repo:
+        with ScratchRepo(
+            upstream.pristine_subset(touched), upstream.pin.version
+        ) as repo:
             repo.am(upstream.series)
             repo.git("checkout", "-q", "-b", "rebased", repo.base)
-            repo.write_files({rel: _read_optional(new_pristine.parent / rel.removeprefix("python/")) for rel in touched})
+            repo.write_files(
+                {
+                    rel: _read_optional(
+                        new_pristine.parent / rel.removeprefix("python/")
+                    )
+                    for rel in touched
+                }
+            )
             repo.commit_all(f"Upstream SGLang {version}")
             new_base = repo.head()
             conflicts = _replay_three_way(repo, upstream.series)
             if conflicts:
-                print(f"rebase onto {version} stopped: {len(conflicts)} patches conflict; nothing changed")
+                print(
+                    f"rebase onto {version} stopped: {len(conflicts)} patches conflict; nothing changed"
+                )
                 return 1
             with tempfile.TemporaryDirectory() as out:
                 fresh = repo.format_patches(new_base, Path(out))
                 for old, new in zip(upstream.series, fresh):
                     old.path.write_text(new.read_text())
     write_pin(layout.pin_file, new_pin)
-    print(f"pin moved to {upstream.pin.package} {version}; update python/pyproject.toml dependencies to its METADATA")
+    print(
+        f"pin moved to {upstream.pin.package} {version}; update python/pyproject.toml dependencies to its METADATA"
+    )
     print(materialize(layout, force=True))
     return 0
 
@@ -223,8 +289,15 @@ def _replay_three_way(repo: ScratchRepo, series: List[Patch]) -> List[str]:
     """Apply every patch with a 3-way merge; print one line per patch; return the conflicting ones."""
     conflicts = []
     for patch in series:
-        clean = run_git(["apply", "--check", str(patch.path.resolve())], repo.path, check=False).returncode == 0
-        result = run_git(["am", "-q", "-3", str(patch.path.resolve())], repo.path, check=False)
+        clean = (
+            run_git(
+                ["apply", "--check", str(patch.path.resolve())], repo.path, check=False
+            ).returncode
+            == 0
+        )
+        result = run_git(
+            ["am", "-q", "-3", str(patch.path.resolve())], repo.path, check=False
+        )
         if result.returncode == 0:
             print(f"  {'clean   ' if clean else 'merged  '} {patch.name}")
             continue

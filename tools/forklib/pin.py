@@ -65,5 +65,10 @@ def write_pin(path: Path, pin: Pin) -> None:
     ]
     for tag in sorted(pin.wheels):
         wheel = pin.wheels[tag]
-        lines += ["", f"[upstream.wheels.{tag}]", f'file = "{wheel.file}"', f'sha256 = "{wheel.sha256}"']
+        lines += [
+            "",
+            f"[upstream.wheels.{tag}]",
+            f'file = "{wheel.file}"',
+            f'sha256 = "{wheel.sha256}"',
+        ]
     path.write_text("\n".join(lines) + "\n")

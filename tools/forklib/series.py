@@ -68,12 +68,20 @@ def _isolated_git_env(workdir: Path) -> Dict[str, str]:
     return env
 
 
-def run_git(args: Sequence[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+def run_git(
+    args: Sequence[str], cwd: Path, check: bool = True
+) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        ["git", *args], cwd=cwd, capture_output=True, text=True, env=_isolated_git_env(cwd)
+        ["git", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=_isolated_git_env(cwd),
     )
     if check and result.returncode != 0:
-        raise ForkError(f"git {' '.join(args)} failed in {cwd}:\n{result.stderr.strip()}")
+        raise ForkError(
+            f"git {' '.join(args)} failed in {cwd}:\n{result.stderr.strip()}"
+        )
     return result
 
 
@@ -100,7 +108,9 @@ def apply_series(
                 (work / rel).parent.mkdir(parents=True, exist_ok=True)
                 (work / rel).write_bytes(content)
         for patch in series:
-            result = run_git(["apply", "--verbose", str(patch.path.resolve())], work, check=False)
+            result = run_git(
+                ["apply", "--verbose", str(patch.path.resolve())], work, check=False
+            )
             if result.returncode != 0:
                 raise ForkError(describe_apply_failure(patch, result.stderr))
         return {
@@ -150,7 +160,9 @@ class ScratchRepo:
             result = run_git([*args, str(patch.path.resolve())], self.path, check=False)
             if result.returncode != 0:
                 self.git("am", "--abort", check=False)
-                raise ForkError(describe_apply_failure(patch, result.stdout + result.stderr))
+                raise ForkError(
+                    describe_apply_failure(patch, result.stdout + result.stderr)
+                )
             commits.append(self.head())
         return commits
 
@@ -168,9 +180,17 @@ class ScratchRepo:
         self.git("commit", "-q", "-m", message)
         return self.head()
 
-    def format_patches(self, since: str, out_dir: Path, start_number: int = 1) -> List[Path]:
+    def format_patches(
+        self, since: str, out_dir: Path, start_number: int = 1
+    ) -> List[Path]:
         out = self.git(
-            "format-patch", "--no-signature", "--zero-commit", "-N",
-            f"--start-number={start_number}", "-o", str(out_dir), f"{since}..HEAD",
+            "format-patch",
+            "--no-signature",
+            "--zero-commit",
+            "-N",
+            f"--start-number={start_number}",
+            "-o",
+            str(out_dir),
+            f"{since}..HEAD",
         )
         return [Path(line) for line in out.split()]

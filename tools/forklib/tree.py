@@ -13,7 +13,13 @@ from typing import Dict, List, Optional
 from forklib import ForkError
 from forklib.layout import Layout
 from forklib.pin import Pin, load_pin
-from forklib.series import Patch, apply_series, load_series, series_digest, touched_files
+from forklib.series import (
+    Patch,
+    apply_series,
+    load_series,
+    series_digest,
+    touched_files,
+)
 from forklib.wheel import pristine_package
 
 EXCLUDE_BEGIN = "# >>> sglang-fork: materialized upstream files (tools/fork) >>>"
@@ -36,7 +42,9 @@ class Upstream:
     @classmethod
     def load(cls, layout: Layout) -> "Upstream":
         pin = load_pin(layout.pin_file)
-        return cls(layout, pin, pristine_package(layout, pin), load_series(layout.patches_dir))
+        return cls(
+            layout, pin, pristine_package(layout, pin), load_series(layout.patches_dir)
+        )
 
     def pristine_files(self) -> List[str]:
         base = self.pristine_dir.parent
@@ -50,7 +58,9 @@ class Upstream:
         path = self.pristine_dir.parent / rel.removeprefix("python/")
         return path.read_bytes() if path.is_file() else None
 
-    def patched(self, series: Optional[List[Patch]] = None) -> Dict[str, Optional[bytes]]:
+    def patched(
+        self, series: Optional[List[Patch]] = None
+    ) -> Dict[str, Optional[bytes]]:
         """Post-series content of the files the series touches."""
         series = self.series if series is None else series
         touched = touched_files(series)
@@ -64,13 +74,18 @@ class Upstream:
         patched = self.patched()
         expected: Dict[str, Optional[bytes]] = {}
         for rel in self.pristine_files():
-            expected[rel] = patched[rel] if rel in patched else self.pristine_content(rel)
+            expected[rel] = (
+                patched[rel] if rel in patched else self.pristine_content(rel)
+            )
         for rel, content in patched.items():
             expected.setdefault(rel, content)
         return expected
 
     def stamp(self) -> Dict[str, str]:
-        return {"pristine": str(self.pristine_dir), "series": series_digest(self.series)}
+        return {
+            "pristine": str(self.pristine_dir),
+            "series": series_digest(self.series),
+        }
 
 
 @dataclasses.dataclass
@@ -94,7 +109,9 @@ class State:
 
     def save(self, layout: Layout) -> None:
         self.path(layout).parent.mkdir(parents=True, exist_ok=True)
-        self.path(layout).write_text(json.dumps({"stamp": self.stamp, "files": self.files}))
+        self.path(layout).write_text(
+            json.dumps({"stamp": self.stamp, "files": self.files})
+        )
 
 
 def read_working(layout: Layout, rel: str) -> Optional[bytes]:
@@ -115,7 +132,9 @@ def edited_files(layout: Layout, state: State) -> List[str]:
 def _git_output(layout: Layout, *args: str) -> Optional[str]:
     """Output of a git command in the fork's checkout; None without git or a checkout."""
     try:
-        result = subprocess.run(["git", *args], cwd=layout.root, capture_output=True, text=True)
+        result = subprocess.run(
+            ["git", *args], cwd=layout.root, capture_output=True, text=True
+        )
     except FileNotFoundError:
         return None
     return result.stdout if result.returncode == 0 else None
@@ -153,7 +172,10 @@ def write_git_exclude(layout: Layout, upstream_paths: List[str]) -> None:
                 inside = False
             elif not inside:
                 kept.append(line)
-    escaped = ["/" + "".join("\\" + c if c in "[]*?!#\\ " else c for c in p) for p in upstream_paths]
+    escaped = [
+        "/" + "".join("\\" + c if c in "[]*?!#\\ " else c for c in p)
+        for p in upstream_paths
+    ]
     exclude.parent.mkdir(parents=True, exist_ok=True)
     exclude.write_text("\n".join(kept + [EXCLUDE_BEGIN, *escaped, EXCLUDE_END]) + "\n")
 
@@ -169,7 +191,9 @@ def materialize(layout: Layout, force: bool = False, sync: bool = False) -> str:
     state = State.load(layout)
     edited = edited_files(layout, state) if state else []
     if state and state.stamp == upstream.stamp() and not sync:
-        return "up to date" + (f" ({len(edited)} upstream files edited)" if edited else "")
+        return "up to date" + (
+            f" ({len(edited)} upstream files edited)" if edited else ""
+        )
     if edited and not force:
         raise ForkError(
             "working tree has unsaved edits to upstream files (`tools/fork save` them, "

@@ -55,7 +55,9 @@ def pip_download(
             cmd += ["--platform", platform]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        raise ForkError(f"pip could not download {requirement}:\n{result.stderr.strip()}")
+        raise ForkError(
+            f"pip could not download {requirement}:\n{result.stderr.strip()}"
+        )
     return sorted(p for p in dest.glob("*.whl") if p not in before)
 
 
@@ -77,7 +79,9 @@ def obtain_wheel(layout: Layout, pin: Pin) -> Path:
         downloaded = Path(tmp) / expected.file
         if not downloaded.is_file():
             got = ", ".join(p.name for p in Path(tmp).iterdir()) or "nothing"
-            raise ForkError(f"pip downloaded {got}, expected the pinned {expected.file}")
+            raise ForkError(
+                f"pip downloaded {got}, expected the pinned {expected.file}"
+            )
         verify_wheel(downloaded, expected)
         cached.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(downloaded), cached)
@@ -92,7 +96,9 @@ def extract_package(wheel: Path, dest_parent: Path) -> Path:
     if dest_parent.exists():
         shutil.rmtree(dest_parent)
     with zipfile.ZipFile(wheel) as archive:
-        members = [m for m in archive.namelist() if m.startswith(f"{UPSTREAM_PACKAGE}/")]
+        members = [
+            m for m in archive.namelist() if m.startswith(f"{UPSTREAM_PACKAGE}/")
+        ]
         archive.extractall(dest_parent, members)
     (dest_parent / ".complete").write_text(wheel.name + "\n")
     return target

@@ -15,12 +15,21 @@ from forklib.layout import Layout  # noqa: E402
 from forklib.pin import load_pin  # noqa: E402
 from forklib.wheel import extract_package, obtain_wheel  # noqa: E402
 
-FORK_FILES = ["tools", "upstream.toml", "patches", "python/pyproject.toml", "python/build_backend", ".gitignore"]
+FORK_FILES = [
+    "tools",
+    "upstream.toml",
+    "patches",
+    "python/pyproject.toml",
+    "python/build_backend",
+    ".gitignore",
+]
 EDITED = "python/sglang/srt/speculative/spec_info.py"
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout
 
 
 class ScratchFork:
@@ -33,22 +42,38 @@ class ScratchFork:
             src, dst = REPO / rel, self.root / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             if src.is_dir():
-                shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+                shutil.copytree(
+                    src, dst, ignore=shutil.ignore_patterns("__pycache__", "tests")
+                )
             elif src.exists():
                 shutil.copy2(src, dst)
         (self.root / "patches").mkdir(exist_ok=True)
         git(self.root, "init", "-q")
         git(self.root, "add", "-A")
-        git(self.root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "fork")
+        git(
+            self.root,
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "fork",
+        )
         self.env = dict(os.environ, SGLANG_FORK_UPSTREAM_WHEEL=str(wheel))
 
     def fork(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(
             [sys.executable, str(self.root / "tools" / "fork"), *args],
-            cwd=self.root, env=self.env, capture_output=True, text=True,
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
         )
         if ok and result.returncode != 0:
-            raise AssertionError(f"tools/fork {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+            raise AssertionError(
+                f"tools/fork {' '.join(args)} failed:\n{result.stdout}{result.stderr}"
+            )
         return result
 
     def path(self, rel: str) -> Path:
@@ -79,9 +104,13 @@ class TestForkTool(unittest.TestCase):
     def test_materialized_tree_is_invisible_to_git_but_new_files_are_not(self):
         self.assertTrue(self.repo.path(EDITED).is_file())
         self.assertEqual(git(self.repo.root, "status", "--porcelain"), "")
-        self.repo.path("python/sglang/srt/speculative/new_module.py").write_text("X = 1\n")
+        self.repo.path("python/sglang/srt/speculative/new_module.py").write_text(
+            "X = 1\n"
+        )
         self.assertEqual(
-            git(self.repo.root, "status", "--porcelain", "--untracked-files=all").strip(),
+            git(
+                self.repo.root, "status", "--porcelain", "--untracked-files=all"
+            ).strip(),
             "?? python/sglang/srt/speculative/new_module.py",
         )
 
@@ -89,7 +118,9 @@ class TestForkTool(unittest.TestCase):
         self.edit(EDITED, "\n# fork edit one\n")
         self.assertIn("edited", self.repo.fork("status").stdout)
         before = {p.name for p in self.series_files()}
-        self.repo.fork("save", "--new", "Add a marker", "--body", "Because a test needs it.")
+        self.repo.fork(
+            "save", "--new", "Add a marker", "--body", "Because a test needs it."
+        )
         (added,) = [p for p in self.series_files() if p.name not in before]
         self.assertTrue(added.name.endswith("-Add-a-marker.patch"))
         self.edit(EDITED, "# fork edit two\n")
@@ -101,7 +132,10 @@ class TestForkTool(unittest.TestCase):
         self.repo.fork("sync")
         text = self.repo.path(EDITED).read_text()
         self.assertTrue(text.endswith("\n# fork edit one\n# fork edit two\n"))
-        self.assertIn(f"ok: {len(before) + 1} patches apply cleanly", self.repo.fork("check").stdout)
+        self.assertIn(
+            f"ok: {len(before) + 1} patches apply cleanly",
+            self.repo.fork("check").stdout,
+        )
 
     def test_sync_refuses_to_discard_unsaved_edits(self):
         self.edit(EDITED, "# unsaved\n")
@@ -140,7 +174,9 @@ class TestForkTool(unittest.TestCase):
         self.repo.path(new_file).write_text("FORK_ONLY = True\n")
         git(self.repo.root, "add", new_file)
         self.edit(EDITED, "from sglang.srt.speculative.fork_only import FORK_ONLY\n")
-        self.repo.fork("save", "--new", "Use the fork-only module", "--body", "To test export.")
+        self.repo.fork(
+            "save", "--new", "Use the fork-only module", "--body", "To test export."
+        )
         out = self.repo.root.parent / "export"
         self.repo.fork("export", str(out))
 
@@ -149,12 +185,33 @@ class TestForkTool(unittest.TestCase):
         (upstream / "python" / ".complete").unlink()
         git(upstream, "init", "-q")
         git(upstream, "add", "-A")
-        git(upstream, "-c", "user.name=u", "-c", "user.email=u@u", "commit", "-qm", "upstream")
-        git(upstream, "-c", "user.name=u", "-c", "user.email=u@u", "am", *map(str, sorted(out.glob("*.patch"))))
+        git(
+            upstream,
+            "-c",
+            "user.name=u",
+            "-c",
+            "user.email=u@u",
+            "commit",
+            "-qm",
+            "upstream",
+        )
+        git(
+            upstream,
+            "-c",
+            "user.name=u",
+            "-c",
+            "user.email=u@u",
+            "am",
+            *map(str, sorted(out.glob("*.patch"))),
+        )
         num_patches = len(list(self.repo.path("patches").glob("*.patch")))
-        self.assertEqual(len(git(upstream, "log", "--oneline").splitlines()), 2 + num_patches)
+        self.assertEqual(
+            len(git(upstream, "log", "--oneline").splitlines()), 2 + num_patches
+        )
         self.assertEqual((upstream / new_file).read_text(), "FORK_ONLY = True\n")
-        self.assertEqual((upstream / EDITED).read_text(), self.repo.path(EDITED).read_text())
+        self.assertEqual(
+            (upstream / EDITED).read_text(), self.repo.path(EDITED).read_text()
+        )
 
 
 if __name__ == "__main__":

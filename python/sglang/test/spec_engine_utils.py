@@ -26,13 +26,16 @@ TEST_ENGINE_DEFAULTS: Dict[str, object] = dict(
 )
 
 
-def synthetic_pair(preset: str = "tiny", draft_accept: float = 0.8, seed: int = 0) -> Tuple[str, str]:
+def synthetic_pair(
+    preset: str = "tiny", draft_accept: float = 0.8, seed: int = 0
+) -> Tuple[str, str]:
     """(target_dir, draft_dir) of a synthetic pair, generated once per cache directory."""
     import torch
-
     from sglang.test.synthetic_spec_models import SPEC_FILE, generate
 
-    root = os.environ.get(SYNTHETIC_MODELS_DIR_ENV) or os.path.join(tempfile.gettempdir(), "sglang-synthetic")
+    root = os.environ.get(SYNTHETIC_MODELS_DIR_ENV) or os.path.join(
+        tempfile.gettempdir(), "sglang-synthetic"
+    )
     out_dir = os.path.join(root, f"{preset}-p{draft_accept}-s{seed}")
     if not os.path.isfile(os.path.join(out_dir, SPEC_FILE)):
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -40,16 +43,22 @@ def synthetic_pair(preset: str = "tiny", draft_accept: float = 0.8, seed: int = 
     return os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
 
 
-def random_prompts(num: int, length: int, vocab_size: int, seed: int = 0) -> List[List[int]]:
+def random_prompts(
+    num: int, length: int, vocab_size: int, seed: int = 0
+) -> List[List[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab_size) for _ in range(length)] for _ in range(num)]
 
 
 def greedy_params(max_new_tokens: int, **extra: object) -> Dict[str, object]:
-    return dict(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True, **extra)
+    return dict(
+        temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True, **extra
+    )
 
 
-def eagle3_args(draft_dir: str, num_steps: int, topk: int, num_draft_tokens: int) -> Dict[str, object]:
+def eagle3_args(
+    draft_dir: str, num_steps: int, topk: int, num_draft_tokens: int
+) -> Dict[str, object]:
     return dict(
         speculative_algorithm="EAGLE3",
         speculative_draft_model_path=draft_dir,
@@ -71,11 +80,15 @@ def running_engine(model_path: str, **kwargs: object) -> Iterator["object"]:
         engine.shutdown()
 
 
-def generate_outputs(engine, prompts: Sequence[List[int]], params: Dict[str, object], batched: bool) -> List[dict]:
+def generate_outputs(
+    engine, prompts: Sequence[List[int]], params: Dict[str, object], batched: bool
+) -> List[dict]:
     """All prompts in one call (one running batch), or one request at a time (batch 1)."""
     if batched:
         return engine.generate(input_ids=list(prompts), sampling_params=params)
-    return [engine.generate(input_ids=prompt, sampling_params=params) for prompt in prompts]
+    return [
+        engine.generate(input_ids=prompt, sampling_params=params) for prompt in prompts
+    ]
 
 
 def accept_length(outputs: Sequence[dict]) -> float:
@@ -88,7 +101,9 @@ def accept_length(outputs: Sequence[dict]) -> float:
 
 
 @contextlib.contextmanager
-def running_server(model_path: str, other_args: Sequence[str], env: Dict[str, str] = None) -> Iterator[Tuple[str, "object"]]:
+def running_server(
+    model_path: str, other_args: Sequence[str], env: Dict[str, str] = None
+) -> Iterator[Tuple[str, "object"]]:
     """``python -m sglang.launch_server`` with the idle and busy KV leak checks on.
 
     Launched through the interpreter rather than the ``sglang`` console script so that
@@ -100,22 +115,35 @@ def running_server(model_path: str, other_args: Sequence[str], env: Dict[str, st
     from urllib.parse import urlparse
 
     import requests
-
     from sglang.srt.utils import kill_process_tree
-    from sglang.test.test_utils import DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH, DEFAULT_URL_FOR_TEST
+    from sglang.test.test_utils import (
+        DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH,
+        DEFAULT_URL_FOR_TEST,
+    )
 
     url = urlparse(DEFAULT_URL_FOR_TEST)
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
     command += ["--host", url.hostname, "--port", str(url.port), *other_args]
-    full_env = {**os.environ, "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", **(env or {})}
+    full_env = {
+        **os.environ,
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
+        **(env or {}),
+    }
     process = subprocess.Popen(command, env=full_env)
     try:
         deadline = time.time() + DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode} during startup")
+                raise RuntimeError(
+                    f"server exited with {process.returncode} during startup"
+                )
             try:
-                if requests.get(f"{DEFAULT_URL_FOR_TEST}/health_generate", timeout=5).status_code == 200:
+                if (
+                    requests.get(
+                        f"{DEFAULT_URL_FOR_TEST}/health_generate", timeout=5
+                    ).status_code
+                    == 200
+                ):
                     break
             except requests.RequestException:
                 pass
@@ -127,22 +155,33 @@ def running_server(model_path: str, other_args: Sequence[str], env: Dict[str, st
         kill_process_tree(process.pid)
 
 
-def post_generate(base_url: str, input_ids: List[int], params: Dict[str, object], **extra: object) -> dict:
+def post_generate(
+    base_url: str, input_ids: List[int], params: Dict[str, object], **extra: object
+) -> dict:
     import requests
 
     response = requests.post(
-        f"{base_url}/generate", json=dict(input_ids=input_ids, sampling_params=params, **extra), timeout=600
+        f"{base_url}/generate",
+        json=dict(input_ids=input_ids, sampling_params=params, **extra),
+        timeout=600,
     )
     response.raise_for_status()
     return response.json()
 
 
-def post_concurrently(base_url: str, requests_: Sequence[Tuple[List[int], Dict[str, object]]], **extra: object) -> List[dict]:
+def post_concurrently(
+    base_url: str,
+    requests_: Sequence[Tuple[List[int], Dict[str, object]]],
+    **extra: object,
+) -> List[dict]:
     """Send all requests at once (one thread each); results in request order."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, len(requests_))) as pool:
-        futures = [pool.submit(post_generate, base_url, ids, params, **extra) for ids, params in requests_]
+        futures = [
+            pool.submit(post_generate, base_url, ids, params, **extra)
+            for ids, params in requests_
+        ]
         return [f.result() for f in futures]
 
 
@@ -162,6 +201,7 @@ def metric_total(samples: Dict[str, float], name: str, **labels: str) -> float:
     """Sum of a metric's samples whose labels include ``labels``."""
     wanted = [f'{k}="{v}"' for k, v in labels.items()]
     return sum(
-        value for key, value in samples.items()
+        value
+        for key, value in samples.items()
         if key.split("{")[0] == name and all(w in key for w in wanted)
     )

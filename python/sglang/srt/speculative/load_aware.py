@@ -43,7 +43,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
-
 from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
     speculative_moe_backend_context,

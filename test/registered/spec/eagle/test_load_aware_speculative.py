@@ -14,7 +14,6 @@ from typing import Dict, List, Tuple
 
 import pytest
 import requests
-
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.spec_engine_utils import (
     greedy_params,
@@ -42,21 +41,35 @@ PROMPT_LEN = 16
 MIN_DWELL_STEPS = 8
 
 
-def spec_server_args(draft: str, spec: Dict[str, int], backend: str, page_size: int, cuda_graph: bool) -> List[str]:
+def spec_server_args(
+    draft: str, spec: Dict[str, int], backend: str, page_size: int, cuda_graph: bool
+) -> List[str]:
     args = [
-        "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", draft,
-        "--speculative-num-steps", str(spec["num_steps"]),
-        "--speculative-eagle-topk", str(spec["topk"]),
-        "--speculative-num-draft-tokens", str(spec["num_draft_tokens"]),
-        "--attention-backend", backend,
-        "--page-size", str(page_size),
-        "--cuda-graph-max-bs", "48",
-        "--max-running-requests", "48",
-        "--mem-fraction-static", "0.5",
-        "--grammar-backend", "none",
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        draft,
+        "--speculative-num-steps",
+        str(spec["num_steps"]),
+        "--speculative-eagle-topk",
+        str(spec["topk"]),
+        "--speculative-num-draft-tokens",
+        str(spec["num_draft_tokens"]),
+        "--attention-backend",
+        backend,
+        "--page-size",
+        str(page_size),
+        "--cuda-graph-max-bs",
+        "48",
+        "--max-running-requests",
+        "48",
+        "--mem-fraction-static",
+        "0.5",
+        "--grammar-backend",
+        "none",
         "--enable-metrics",
-        "--random-seed", "0",
+        "--random-seed",
+        "0",
     ]
     return args + ([] if cuda_graph else ["--disable-cuda-graph"])
 
@@ -87,7 +100,9 @@ class LoadAwareServerBase(CustomTestCase):
 
     @classmethod
     def server_args(cls) -> List[str]:
-        args = spec_server_args(cls.draft, cls.spec, cls.backend, cls.page_size, cls.cuda_graph)
+        args = spec_server_args(
+            cls.draft, cls.spec, cls.backend, cls.page_size, cls.cuda_graph
+        )
         args += ["--speculative-disable-batch-threshold", str(cls.disable_threshold)]
         if cls.enable_threshold is not None:
             args += ["--speculative-enable-batch-threshold", str(cls.enable_threshold)]
@@ -97,7 +112,9 @@ class LoadAwareServerBase(CustomTestCase):
     def setUpClass(cls):
         cls.target, cls.draft = synthetic_pair("tiny", cls.draft_accept)
         cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
-        cls._server = running_server(cls.target, cls.server_args(), env={"SGLANG_ENABLE_SPEC_V2": "0"})
+        cls._server = running_server(
+            cls.target, cls.server_args(), env={"SGLANG_ENABLE_SPEC_V2": "0"}
+        )
         cls.base_url, cls.process = cls._server.__enter__()
 
     @classmethod
@@ -105,15 +122,23 @@ class LoadAwareServerBase(CustomTestCase):
         cls._server.__exit__(None, None, None)
 
     def prompts(self, num: int, seed: int) -> List[List[int]]:
-        return random_prompts(num, PROMPT_LEN, len(self.token_map), seed=self.seed * 1000 + seed)
+        return random_prompts(
+            num, PROMPT_LEN, len(self.token_map), seed=self.seed * 1000 + seed
+        )
 
     def intended(self, prompt: List[int], num_tokens: int) -> List[int]:
         return greedy_continuation(self.token_map, prompt, num_tokens)
 
-    def assert_outputs_intended(self, prompts: List[List[int]], outputs: List[dict], lengths: List[int]) -> None:
+    def assert_outputs_intended(
+        self, prompts: List[List[int]], outputs: List[dict], lengths: List[int]
+    ) -> None:
         for i, (prompt, out, n) in enumerate(zip(prompts, outputs, lengths)):
-            self.assertEqual(out["output_ids"], self.intended(prompt, n), f"request {i}")
-            self.assertEqual(out["meta_info"]["finish_reason"]["type"], "length", f"request {i}")
+            self.assertEqual(
+                out["output_ids"], self.intended(prompt, n), f"request {i}"
+            )
+            self.assertEqual(
+                out["meta_info"]["finish_reason"]["type"], "length", f"request {i}"
+            )
 
     def load_aware_state(self) -> dict:
         info = requests.get(f"{self.base_url}/server_info", timeout=30).json()
@@ -123,14 +148,20 @@ class LoadAwareServerBase(CustomTestCase):
         # The idle memory check runs once the server has been idle; a leak raises there.
         time.sleep(6)
         self.assertIsNone(self.process.poll(), "server died (KV leak check or crash)")
-        self.assertEqual(requests.get(f"{self.base_url}/health", timeout=30).status_code, 200)
+        self.assertEqual(
+            requests.get(f"{self.base_url}/health", timeout=30).status_code, 200
+        )
 
-    def run_mixed_batch(self, num: int, seed: int, **extra) -> Tuple[List[List[int]], List[dict], List[int]]:
+    def run_mixed_batch(
+        self, num: int, seed: int, **extra
+    ) -> Tuple[List[List[int]], List[dict], List[int]]:
         """num concurrent requests of different lengths: most end during plain steps."""
         prompts = self.prompts(num, seed)
         lengths = [7 + (5 * i) % 41 for i in range(num)]
         outputs = post_concurrently(
-            self.base_url, [(p, greedy_params(n)) for p, n in zip(prompts, lengths)], **extra
+            self.base_url,
+            [(p, greedy_params(n)) for p, n in zip(prompts, lengths)],
+            **extra,
         )
         self.assert_outputs_intended(prompts, outputs, lengths)
         return prompts, outputs, lengths
@@ -142,12 +173,20 @@ class TestLoadAwareTreeAtTheCrashingThreshold(LoadAwareServerBase):
 
     def test_ten_concurrent_requests_run_plain_and_match(self):
         prompts = self.prompts(10, seed=0)
-        outputs = post_concurrently(self.base_url, [(p, greedy_params(64)) for p in prompts])
+        outputs = post_concurrently(
+            self.base_url, [(p, greedy_params(64)) for p in prompts]
+        )
         self.assert_outputs_intended(prompts, outputs, [64] * 10)
         plain = [plain_step_tokens(o["meta_info"]) for o in outputs]
-        self.assertTrue(all(n > 0 for n in plain), f"plain-step tokens per request: {plain}")
+        self.assertTrue(
+            all(n > 0 for n in plain), f"plain-step tokens per request: {plain}"
+        )
         single = post_concurrently(self.base_url, [(prompts[0], greedy_params(64))])
-        self.assertLessEqual(plain_step_tokens(single[0]["meta_info"]), MIN_DWELL_STEPS, "a lone request must speculate")
+        self.assertLessEqual(
+            plain_step_tokens(single[0]["meta_info"]),
+            MIN_DWELL_STEPS,
+            "a lone request must speculate",
+        )
         self.assert_server_alive_and_idle_clean()
 
 
@@ -166,10 +205,15 @@ class RampMixin:
         with ThreadPoolExecutor(max_workers=self.burst + 1) as pool:
             for cycle in range(self.cycles):
                 long_prompt = self.prompts(1, seed=100 + cycle)[0]
-                long_future = pool.submit(post_generate, self.base_url, long_prompt, greedy_params(192))
+                long_future = pool.submit(
+                    post_generate, self.base_url, long_prompt, greedy_params(192)
+                )
                 time.sleep(0.15)
                 burst_prompts = self.prompts(self.burst, seed=200 + cycle)
-                burst = [pool.submit(post_generate, self.base_url, p, greedy_params(24)) for p in burst_prompts]
+                burst = [
+                    pool.submit(post_generate, self.base_url, p, greedy_params(24))
+                    for p in burst_prompts
+                ]
                 outs = [f.result() for f in burst]
                 self.assert_outputs_intended(burst_prompts, outs, [24] * self.burst)
                 long_out = long_future.result()
@@ -188,16 +232,24 @@ class TestLoadAwareRampTree(RampMixin, LoadAwareServerBase):
         after = scrape_metrics(self.base_url)
         metas = [o["meta_info"] for o in long_outputs]
         resumed = [m for m in metas if plain_step_tokens(m) > 0]
-        self.assertGreaterEqual(len(resumed), self.cycles // 2, "long requests rarely saw plain steps")
+        self.assertGreaterEqual(
+            len(resumed), self.cycles // 2, "long requests rarely saw plain steps"
+        )
         measured = spec_accept_length(metas)
-        never_switched = expected_accept_length(self.draft_accept, self.spec["num_steps"], self.spec["topk"])
-        print(f"[load-aware-ramp] accept length over spec steps {measured:.3f}, never-switched prediction {never_switched:.3f}")
+        never_switched = expected_accept_length(
+            self.draft_accept, self.spec["num_steps"], self.spec["topk"]
+        )
+        print(
+            f"[load-aware-ramp] accept length over spec steps {measured:.3f}, never-switched prediction {never_switched:.3f}"
+        )
         self.assertAlmostEqual(measured, never_switched, delta=0.10 * never_switched)
         state = self.load_aware_state()
         toggles = state["num_toggles"] - state_before["num_toggles"]
         print(f"[load-aware-ramp] state {state}")
         self.assertGreaterEqual(toggles, 2 * self.cycles)
-        self.assertGreater(metric_total(after, "sglang:spec_decode_steps_total", mode="plain"), 0)
+        self.assertGreater(
+            metric_total(after, "sglang:spec_decode_steps_total", mode="plain"), 0
+        )
         self.assertGreater(metric_total(after, "sglang:spec_toggles_total"), 0)
         retracted = metric_total(after, "sglang:num_retracted_requests_total")
         self.assertEqual(retracted, 0, "retractions during the ramp")
@@ -208,20 +260,28 @@ class MatrixMixin:
     """Stop strings, logprobs and max_new_tokens ending during plain steps."""
 
     def test_mixed_lengths_with_logprobs(self):
-        prompts, outputs, lengths = self.run_mixed_batch(24, seed=1, return_logprob=True)
+        prompts, outputs, lengths = self.run_mixed_batch(
+            24, seed=1, return_logprob=True
+        )
         for out, n in zip(outputs, lengths):
             token_logprobs = out["meta_info"]["output_token_logprobs"]
             self.assertEqual([t[1] for t in token_logprobs], out["output_ids"])
-            self.assertTrue(all(-1.0 < t[0] <= 0.0 for t in token_logprobs), token_logprobs[:4])
+            self.assertTrue(
+                all(-1.0 < t[0] <= 0.0 for t in token_logprobs), token_logprobs[:4]
+            )
         self.assertTrue(any(plain_step_tokens(o["meta_info"]) > 0 for o in outputs))
         self.assert_server_alive_and_idle_clean()
 
     def test_stop_strings_during_plain_steps(self):
         prompts = self.prompts(16, seed=2)
         # Stop at a 4-digit token: its text "wNNNN" is no substring of another token's.
-        stop_at = [self.first_four_digit_position(p, start=5 + i) for i, p in enumerate(prompts)]
+        stop_at = [
+            self.first_four_digit_position(p, start=5 + i)
+            for i, p in enumerate(prompts)
+        ]
         params = [
-            greedy_params(64, stop=[f"w{self.intended(p, k)[-1]}"]) for p, k in zip(prompts, stop_at)
+            greedy_params(64, stop=[f"w{self.intended(p, k)[-1]}"])
+            for p, k in zip(prompts, stop_at)
         ]
         outputs = post_concurrently(self.base_url, list(zip(prompts, params)))
         for prompt, k, out in zip(prompts, stop_at, outputs):
@@ -239,8 +299,12 @@ class MatrixMixin:
         out = post_concurrently(self.base_url, [(prompt, greedy_params(128))])[0]
         self.assert_outputs_intended([prompt], [out], [128])
         self.assertLessEqual(plain_step_tokens(out["meta_info"]), MIN_DWELL_STEPS)
-        predicted = expected_accept_length(self.draft_accept, self.spec["num_steps"], self.spec["topk"])
-        self.assertAlmostEqual(spec_accept_length([out["meta_info"]]), predicted, delta=0.2 * predicted)
+        predicted = expected_accept_length(
+            self.draft_accept, self.spec["num_steps"], self.spec["topk"]
+        )
+        self.assertAlmostEqual(
+            spec_accept_length([out["meta_info"]]), predicted, delta=0.2 * predicted
+        )
 
 
 class TestLoadAwareTopk1TritonGraphs(MatrixMixin, LoadAwareServerBase):

@@ -6,7 +6,6 @@ import os
 import unittest
 
 import pytest
-
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.spec_engine_utils import (
     accept_length,
@@ -17,7 +16,11 @@ from sglang.test.spec_engine_utils import (
     running_engine,
     synthetic_pair,
 )
-from sglang.test.synthetic_spec_models import expected_accept_length, greedy_continuation, next_token_map
+from sglang.test.synthetic_spec_models import (
+    expected_accept_length,
+    greedy_continuation,
+    next_token_map,
+)
 from sglang.test.test_utils import CustomTestCase
 
 register_cuda_ci(est_time=600, suite="stage-b-test-1-gpu-large")
@@ -42,26 +45,47 @@ class TestSyntheticEagle3Parity(CustomTestCase):
         token_map = next_token_map(os.path.dirname(cls.target))
         cls.prompts = random_prompts(NUM_PROMPTS, PROMPT_LEN, len(token_map), seed=1)
         cls.params = greedy_params(MAX_NEW_TOKENS)
-        cls.intended = [greedy_continuation(token_map, p, MAX_NEW_TOKENS) for p in cls.prompts]
+        cls.intended = [
+            greedy_continuation(token_map, p, MAX_NEW_TOKENS) for p in cls.prompts
+        ]
         with running_engine(cls.target, attention_backend="triton") as engine:
-            cls.plain = {b: generate_outputs(engine, cls.prompts, cls.params, b) for b in (False, True)}
+            cls.plain = {
+                b: generate_outputs(engine, cls.prompts, cls.params, b)
+                for b in (False, True)
+            }
 
     def test_plain_engine_follows_the_intended_map(self):
         for batched, outputs in self.plain.items():
-            self.assertEqual([o["output_ids"] for o in outputs], self.intended, f"batched={batched}")
+            self.assertEqual(
+                [o["output_ids"] for o in outputs], self.intended, f"batched={batched}"
+            )
 
     def test_eagle3_matches_plain_and_predicted_accept_length(self):
         for name, config in SPEC_CONFIGS.items():
             with self.subTest(config=name), running_engine(
-                self.target, attention_backend="triton", **eagle3_args(self.draft, **config)
+                self.target,
+                attention_backend="triton",
+                **eagle3_args(self.draft, **config),
             ) as engine:
-                predicted = expected_accept_length(self.draft_accept, config["num_steps"], config["topk"])
+                predicted = expected_accept_length(
+                    self.draft_accept, config["num_steps"], config["topk"]
+                )
                 for batched in (False, True):
-                    outputs = generate_outputs(engine, self.prompts, self.params, batched)
-                    self.assertEqual([o["output_ids"] for o in outputs], self.intended, f"{name} batched={batched}")
+                    outputs = generate_outputs(
+                        engine, self.prompts, self.params, batched
+                    )
+                    self.assertEqual(
+                        [o["output_ids"] for o in outputs],
+                        self.intended,
+                        f"{name} batched={batched}",
+                    )
                     measured = accept_length(outputs)
-                    print(f"[synthetic-gpu] P={self.draft_accept} {name} batched={batched}: accept length {measured:.3f} (predicted {predicted:.3f})")
-                    self.assertAlmostEqual(measured, predicted, delta=ACCEPT_TOLERANCE * predicted)
+                    print(
+                        f"[synthetic-gpu] P={self.draft_accept} {name} batched={batched}: accept length {measured:.3f} (predicted {predicted:.3f})"
+                    )
+                    self.assertAlmostEqual(
+                        measured, predicted, delta=ACCEPT_TOLERANCE * predicted
+                    )
 
 
 class TestSyntheticEagle3ParityHighAccept(TestSyntheticEagle3Parity):

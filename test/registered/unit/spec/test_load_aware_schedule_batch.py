@@ -13,7 +13,6 @@ import tempfile
 import unittest
 
 import torch
-
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -25,11 +24,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_policy import (
-    SpecPolicy,
-    pin_spec_reservation,
-    unpin_spec_reservation,
-)
+from sglang.srt.speculative.spec_policy import SpecPolicy
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -56,7 +51,6 @@ TOPK = 2
 def draft_input(bonus):
     """An EagleDraftInput as the draft extend leaves it (rows tagged by bonus)."""
     bonus = torch.tensor(bonus, dtype=torch.int32)
-    bs = len(bonus)
     return EagleDraftInput(
         bonus_tokens=bonus,
         topk_p=bonus[:, None].float().repeat(1, TOPK),
@@ -97,7 +91,6 @@ class LoadAwareBatchTestBase(CustomTestCase):
 
     @classmethod
     def tearDownClass(cls):
-        unpin_spec_reservation()
         cls.tmpdir.cleanup()
 
     def setUp(self):
@@ -243,20 +236,13 @@ class TestLoadAwarePrepareForDecode(LoadAwareBatchTestBase):
         self.assertTrue(batch.spec_step)
         self.assertIsNotNone(batch.spec_info)
 
-    def test_reservation_pinned_to_speculative_worst_case(self):
+    def test_reservation_covers_a_speculative_step_after_a_plain_one(self):
         batch = self.prefilled_batch()
-        # steps * topk = 6 > draft tokens = 5, per request (page size 1).
+        batch.prepare_for_decode(SpecPolicy(disable_batch_threshold=2))
+        self.assertFalse(batch.spec_step)
+        # The next step may speculate: steps * topk = 6 > draft tokens = 5, per request.
         self.assertEqual(batch.new_tokens_required_next_decode(), 6 * 4)
-        pin_spec_reservation(self.server_args)
-        try:
-            saved = self.server_args.speculative_num_steps
-            self.server_args.speculative_num_steps = 1
-            self.assertEqual(batch.new_tokens_required_next_decode(), 6 * 4)
-            self.assertEqual(batch.new_tokens_required_next_decode([0, 2]), 6 * 2)
-        finally:
-            self.server_args.speculative_num_steps = saved
-            unpin_spec_reservation()
-        self.assertEqual(batch.new_tokens_required_next_decode(), 6 * 4)
+        self.assertEqual(batch.new_tokens_required_next_decode([0, 2]), 6 * 2)
 
     def test_copy_keeps_predicate(self):
         batch = self.prefilled_batch()

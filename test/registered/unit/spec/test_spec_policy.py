@@ -14,12 +14,8 @@ from sglang.srt.speculative.spec_policy import (
     REASON_HYSTERESIS,
     REASON_LOW_LOAD,
     SpecPolicy,
-    SpecReservationParams,
     default_enable_batch_threshold,
-    pin_spec_reservation,
-    spec_reservation_params,
     speculative_capture_bs,
-    unpin_spec_reservation,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -261,36 +257,6 @@ class TestSpeculativeCaptureBs(CustomTestCase):
         capture = list(self.CAPTURE)
         speculative_capture_bs(capture, 5)
         self.assertEqual(capture, self.CAPTURE)
-
-
-class TestSpecReservationParams(CustomTestCase):
-    def tearDown(self):
-        unpin_spec_reservation()
-
-    def _args(self, steps, topk, draft):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(
-            speculative_num_steps=steps,
-            speculative_eagle_topk=topk,
-            speculative_num_draft_tokens=draft,
-        )
-
-    def test_unpinned_reads_live_args(self):
-        unpin_spec_reservation()
-        self.assertEqual(
-            spec_reservation_params(self._args(3, 1, 4)),
-            SpecReservationParams(3, 1, 4),
-        )
-
-    def test_pinned_is_never_lowered_by_mutation(self):
-        args = self._args(5, 4, 16)
-        pin_spec_reservation(args)
-        args.speculative_num_steps = 0
-        args.speculative_num_draft_tokens = 1
-        self.assertEqual(spec_reservation_params(args), SpecReservationParams(5, 4, 16))
-        args.speculative_num_steps = 7
-        self.assertEqual(spec_reservation_params(args).num_steps, 7)
 
 
 if __name__ == "__main__":
