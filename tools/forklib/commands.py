@@ -104,8 +104,7 @@ def cmd_save(
         raise ForkError("no edits to upstream files to save")
     working = {rel: read_working(layout, rel) for rel in edited}
     series = upstream.series
-    base = upstream.pristine_subset(set(touched_files(series)) | set(edited))
-    with ScratchRepo(base, upstream.pin.version) as repo:
+    with upstream.scratch_repo(set(touched_files(series)) | set(edited)) as repo:
         commits = repo.am(series)
         if amend is None:
             if not subject or not body:
@@ -212,9 +211,7 @@ def cmd_export(layout: Layout, out_dir: Path) -> int:
         if rel not in upstream_paths
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    with ScratchRepo(
-        upstream.pristine_subset(touched_files(upstream.series)), upstream.pin.version
-    ) as repo:
+    with upstream.scratch_repo(touched_files(upstream.series)) as repo:
         repo.write_files(ours)
         repo.commit_all(NEW_FILES_MESSAGE)
         repo.am(upstream.series)
@@ -248,9 +245,7 @@ def cmd_rebase(layout: Layout, version: str) -> int:
         new_wheel = Path(tmp) / "wheels" / next(iter(new_pin.wheels.values())).file
         new_pristine = extract_package(new_wheel, Path(tmp) / "pristine")
         touched = touched_files(upstream.series)
-        with ScratchRepo(
-            upstream.pristine_subset(touched), upstream.pin.version
-        ) as repo:
+        with upstream.scratch_repo(touched) as repo:
             repo.am(upstream.series)
             repo.git("checkout", "-q", "-b", "rebased", repo.base)
             repo.write_files(

@@ -125,7 +125,12 @@ class ScratchRepo:
     Only the files the operation touches are needed: patches and commits carry diffs.
     """
 
-    def __init__(self, base_files: Dict[str, Optional[bytes]], version: str):
+    def __init__(
+        self,
+        base_files: Dict[str, Optional[bytes]],
+        version: str,
+        executable: Iterable[str] = (),
+    ):
         self._tmp = tempfile.TemporaryDirectory(prefix="fork-scratch-")
         self.path = Path(self._tmp.name) / "upstream"
         self.path.mkdir()
@@ -133,6 +138,8 @@ class ScratchRepo:
         self.git("config", "user.name", "sglang-fork")
         self.git("config", "user.email", "fork@localhost")
         self.write_files(base_files)
+        for rel in executable:
+            (self.path / rel).chmod(0o755)
         self.git("add", "-A")
         self.git("commit", "-q", "--allow-empty", "-m", f"Upstream SGLang {version}")
         self.base = self.head()
@@ -177,7 +184,7 @@ class ScratchRepo:
 
     def commit_all(self, message: str) -> str:
         self.git("add", "-A")
-        self.git("commit", "-q", "-m", message)
+        self.git("commit", "-q", "--allow-empty", "-m", message)
         return self.head()
 
     def format_patches(

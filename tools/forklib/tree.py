@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +16,7 @@ from forklib.layout import Layout
 from forklib.pin import Pin, load_pin
 from forklib.series import (
     Patch,
+    ScratchRepo,
     apply_series,
     load_series,
     series_digest,
@@ -68,6 +70,16 @@ class Upstream:
 
     def pristine_subset(self, rels) -> Dict[str, Optional[bytes]]:
         return {rel: self.pristine_content(rel) for rel in rels}
+
+    def is_executable(self, rel: str) -> bool:
+        path = self.pristine_dir.parent / rel.removeprefix("python/")
+        return path.is_file() and os.access(path, os.X_OK)
+
+    def scratch_repo(self, rels) -> ScratchRepo:
+        """A scratch repository holding these pristine files, modes included."""
+        rels = sorted(rels)
+        executable = [rel for rel in rels if self.is_executable(rel)]
+        return ScratchRepo(self.pristine_subset(rels), self.pin.version, executable)
 
     def expected_files(self) -> Dict[str, Optional[bytes]]:
         """Every upstream path -> the content the working tree should hold."""
@@ -213,6 +225,8 @@ def materialize(layout: Layout, force: bool = False, sync: bool = False) -> str:
         if not target.is_file() or target.read_bytes() != content:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
+            if upstream.is_executable(rel):
+                target.chmod(0o755)
         written[rel] = _sha(content)
     State(stamp=upstream.stamp(), files=written).save(layout)
     write_git_exclude(layout, sorted(written))

@@ -97,9 +97,15 @@ def extract_package(wheel: Path, dest_parent: Path) -> Path:
         shutil.rmtree(dest_parent)
     with zipfile.ZipFile(wheel) as archive:
         members = [
-            m for m in archive.namelist() if m.startswith(f"{UPSTREAM_PACKAGE}/")
+            m
+            for m in archive.infolist()
+            if m.filename.startswith(f"{UPSTREAM_PACKAGE}/")
         ]
-        archive.extractall(dest_parent, members)
+        for member in members:
+            path = archive.extract(member, dest_parent)
+            mode = member.external_attr >> 16
+            if mode & 0o111:
+                os.chmod(path, 0o755)
     (dest_parent / ".complete").write_text(wheel.name + "\n")
     return target
 

@@ -162,6 +162,23 @@ class TestForkTool(unittest.TestCase):
         self.assertIn("0001-Stale.patch", result.stdout)
         self.assertIn("patch failed", result.stdout)
 
+    def test_rebase_onto_the_pinned_release_replays_every_patch_unchanged(self):
+        # Downloads the pinned wheels for every Python tag (PyPI), as a real rebase does.
+        del self.repo.env["SGLANG_FORK_UPSTREAM_WHEEL"]
+        shutil.copytree(
+            REPO / "python/.fork/wheels",
+            self.repo.path("python/.fork/wheels"),
+            dirs_exist_ok=True,
+        )
+        patches_before = {p.name: p.read_bytes() for p in self.series_files()}
+        pin_before = self.repo.path("upstream.toml").read_bytes()
+        result = self.repo.fork("rebase", load_pin(REPO / "upstream.toml").version)
+        self.assertEqual(result.stdout.count("clean "), len(patches_before))
+        self.assertEqual(
+            {p.name: p.read_bytes() for p in self.series_files()}, patches_before
+        )
+        self.assertEqual(self.repo.path("upstream.toml").read_bytes(), pin_before)
+
     def test_tampered_wheel_is_refused(self):
         tampered = Path(self.repo.root.parent) / self.wheel.name
         tampered.write_bytes(self.wheel.read_bytes() + b"\0")
