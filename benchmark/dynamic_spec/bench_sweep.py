@@ -6,7 +6,7 @@ concurrency is swept inside it. Writes raw JSON, a markdown table, a PNG plot an
 summary.json into OUT_DIR/<date>-<model>/.
 
 Usage:
-  python benchmark/dynamic_spec/bench_sweep.py --preset llama8b --draft-accept 0.8 \
+  python benchmark/dynamic_spec/bench_sweep.py --preset llama8b --draft-accept 0.8
       --configs nospec,eagle3-topk4,loadaware-topk4 --concurrency 1,2,4,8,16,32,64,128,256
 """
 
@@ -26,9 +26,7 @@ from typing import Dict, List, Optional
 
 import aiohttp
 import requests
-from sglang.srt.utils import kill_process_tree
-from sglang.test.spec_engine_utils import synthetic_pair
-from sglang.test.test_utils import popen_launch_server
+from sglang.test.spec_engine_utils import running_server, synthetic_pair
 from tqdm import tqdm
 
 TOPK1 = [
@@ -218,34 +216,34 @@ def run_config(
             "--speculative-draft-model-path",
             draft,
         ] + config.spec_args
-    env = {**os.environ, **config.env}
-    process = popen_launch_server(
-        target, args.url, timeout=1200, other_args=server_args, env=env
-    )
-    try:
+    with running_server(target, server_args, env=config.env, base_url=args.url):
         record = {"config": config.name, "server_args": server_args, "env": config.env}
         asyncio.run(closed_loop(args.url, prompts[:8], args.output_len, 8))  # warm up
-        record["kv_capacity_tokens"] = server_state(args.url)["memory_usage"][
-            "token_capacity"
+        state = server_state(args.url)
+        record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
+        record["points"] = [
+            measure_point(args, config, prompts, concurrency)
+            for concurrency in tqdm(args.concurrency, desc=config.name)
         ]
-        record["points"] = []
-        for concurrency in tqdm(args.concurrency, desc=config.name):
-            num = max(args.min_requests, args.requests_per_concurrency * concurrency)
-            before, start = server_state(args.url), time.perf_counter()
-            results = asyncio.run(
-                closed_loop(args.url, prompts[:num], args.output_len, concurrency)
-            )
-            point = summarize(results, time.perf_counter() - start)
-            point.update(
-                config=config.name,
-                concurrency=concurrency,
-                spec_step_share=spec_step_share(config, before, server_state(args.url)),
-            )
-            record["points"].append(point)
         record["ramp"] = run_ramp(args, config, prompts)
         return record
-    finally:
-        kill_process_tree(process.pid)
+
+
+def measure_point(
+    args, config: Config, prompts: List[List[int]], concurrency: int
+) -> dict:
+    num = max(args.min_requests, args.requests_per_concurrency * concurrency)
+    before, start = server_state(args.url), time.perf_counter()
+    results = asyncio.run(
+        closed_loop(args.url, prompts[:num], args.output_len, concurrency)
+    )
+    point = summarize(results, time.perf_counter() - start)
+    point.update(
+        config=config.name,
+        concurrency=concurrency,
+        spec_step_share=spec_step_share(config, before, server_state(args.url)),
+    )
+    return point
 
 
 def run_ramp(args, config: Config, prompts: List[List[int]]) -> dict:
@@ -320,26 +318,33 @@ def plot(records: List[dict], path: str, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def write_results(args, records: List[dict], model: str) -> str:
-    out_dir = os.path.join(args.out_dir, f"{datetime.date.today().isoformat()}-{model}")
-    os.makedirs(out_dir, exist_ok=True)
-    gpu = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    commit = (
-        subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        or "unknown"
-    )
-    header = {
+def command_output(*command: str) -> str:
+    """A command's stdout, or "unknown" where it is missing or fails."""
+    try:
+        result = subprocess.run(command, capture_output=True, text=True)
+    except FileNotFoundError:
+        return "unknown"
+    return result.stdout.strip() if result.returncode == 0 else "unknown"
+
+
+def describe_run(model: str) -> Dict[str, str]:
+    return {
         "model": model,
-        "gpu": gpu,
-        "commit": commit,
+        "gpu": command_output(
+            "nvidia-smi", "--query-gpu=name", "--format=csv,noheader"
+        ),
+        "commit": command_output("git", "rev-parse", "HEAD"),
         "command": " ".join([sys.executable] + sys.argv),
     }
+
+
+def write_results(
+    out_root: str, concurrency: List[int], records: List[dict], header: Dict[str, str]
+) -> str:
+    out_dir = os.path.join(
+        out_root, f"{datetime.date.today().isoformat()}-{header['model']}"
+    )
+    os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "raw.json"), "w") as f:
         json.dump({**header, "records": records}, f, indent=1)
     summary = {
@@ -370,9 +375,13 @@ def write_results(args, records: List[dict], model: str) -> str:
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(f"# {model} on {gpu}\n\ncommit {commit}\n\n`{header['command']}`\n\n")
-        f.write(markdown_table(records, args.concurrency))
-    plot(records, os.path.join(out_dir, "throughput.png"), f"{model} on {gpu}")
+        f.write(
+            f"# {header['model']} on {header['gpu']}\n\ncommit {header['commit']}\n\n"
+        )
+        f.write(f"`{header['command']}`\n\n")
+        f.write(markdown_table(records, concurrency))
+    title = f"{header['model']} on {header['gpu']}"
+    plot(records, os.path.join(out_dir, "throughput.png"), title)
     return out_dir
 
 
@@ -432,8 +441,9 @@ def main() -> None:
         run_config(args, configs[name], target, draft, prompts)
         for name in args.configs.split(",")
     ]
+    header = describe_run(f"{args.preset}-p{args.draft_accept}")
     print(
-        f"results in {write_results(args, records, f'{args.preset}-p{args.draft_accept}')}"
+        f"results in {write_results(args.out_dir, args.concurrency, records, header)}"
     )
 
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import subprocess
+import sys
 import tempfile
-from typing import Dict, Iterator, List, Sequence, Tuple
+import time
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 SYNTHETIC_MODELS_DIR_ENV = "SGLANG_SYNTHETIC_MODELS_DIR"
 
@@ -100,59 +103,62 @@ def accept_length(outputs: Sequence[dict]) -> float:
     return (correct + verify) / verify
 
 
+# The scheduler's KV leak checks: at idle (on by default) and after every busy step.
+LEAK_CHECK_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1"}
+
+
 @contextlib.contextmanager
 def running_server(
-    model_path: str, other_args: Sequence[str], env: Dict[str, str] = None
-) -> Iterator[Tuple[str, "object"]]:
-    """``python -m sglang.launch_server`` with the idle and busy KV leak checks on.
+    model_path: str,
+    other_args: Sequence[str],
+    env: Optional[Dict[str, str]] = None,
+    base_url: Optional[str] = None,
+) -> Iterator[Tuple[str, "subprocess.Popen"]]:
+    """``python -m sglang.launch_server``, healthy on entry, killed on exit.
 
     Launched through the interpreter rather than the ``sglang`` console script so that
     it also runs from a source tree on PYTHONPATH.
     """
-    import subprocess
-    import sys
-    import time
     from urllib.parse import urlparse
 
-    import requests
     from sglang.srt.utils import kill_process_tree
     from sglang.test.test_utils import (
         DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH,
         DEFAULT_URL_FOR_TEST,
     )
 
-    url = urlparse(DEFAULT_URL_FOR_TEST)
+    base_url = base_url or DEFAULT_URL_FOR_TEST
+    url = urlparse(base_url)
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
     command += ["--host", url.hostname, "--port", str(url.port), *other_args]
-    full_env = {
-        **os.environ,
-        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
-        **(env or {}),
-    }
-    process = subprocess.Popen(command, env=full_env)
+    process = subprocess.Popen(command, env={**os.environ, **(env or {})})
     try:
-        deadline = time.time() + DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"server exited with {process.returncode} during startup"
-                )
-            try:
-                if (
-                    requests.get(
-                        f"{DEFAULT_URL_FOR_TEST}/health_generate", timeout=5
-                    ).status_code
-                    == 200
-                ):
-                    break
-            except requests.RequestException:
-                pass
-            if time.time() > deadline:
-                raise TimeoutError("server did not become healthy")
-            time.sleep(2)
-        yield DEFAULT_URL_FOR_TEST, process
+        wait_healthy(base_url, process, DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH)
+        yield base_url, process
     finally:
         kill_process_tree(process.pid)
+
+
+def wait_healthy(base_url: str, process: "subprocess.Popen", timeout: float) -> None:
+    import requests
+
+    deadline = time.time() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"server exited with {process.returncode} during startup"
+            )
+        try:
+            if (
+                requests.get(f"{base_url}/health_generate", timeout=5).status_code
+                == 200
+            ):
+                return
+        except requests.RequestException:
+            pass
+        if time.time() > deadline:
+            raise TimeoutError(f"server at {base_url} not healthy after {timeout} s")
+        time.sleep(2)
 
 
 def post_generate(

@@ -16,6 +16,7 @@ import pytest
 import requests
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.spec_engine_utils import (
+    LEAK_CHECK_ENV,
     greedy_params,
     metric_total,
     post_concurrently,
@@ -113,7 +114,9 @@ class LoadAwareServerBase(CustomTestCase):
         cls.target, cls.draft = synthetic_pair("tiny", cls.draft_accept)
         cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
         cls._server = running_server(
-            cls.target, cls.server_args(), env={"SGLANG_ENABLE_SPEC_V2": "0"}
+            cls.target,
+            cls.server_args(),
+            env={**LEAK_CHECK_ENV, "SGLANG_ENABLE_SPEC_V2": "0"},
         )
         cls.base_url, cls.process = cls._server.__enter__()
 

@@ -158,7 +158,10 @@ class TestLoadAwareValidationPure(CustomTestCase):
             (dict(speculative_algorithm="NGRAM"), "NGRAM"),
             (dict(speculative_algorithm="STANDALONE"), "STANDALONE"),
             (dict(speculative_algorithm="DFLASH"), "DFLASH"),
-            (dict(disable_overlap_schedule=False), "SGLANG_ENABLE_SPEC_V2=0"),
+            (
+                dict(disable_overlap_schedule=False, speculative_eagle_topk=4),
+                "--speculative-eagle-topk 1",
+            ),
             (dict(enable_multi_layer_eagle=True), "--enable-multi-layer-eagle"),
             (dict(enable_dp_attention=True), "--enable-dp-attention"),
             (dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap"),
@@ -179,6 +182,17 @@ class TestLoadAwareValidationPure(CustomTestCase):
                     speculative_algorithm=algo, speculative_eagle_topk=topk, **base
                 )
                 self.assertIsNone(load_aware_unsupported_reason(args))
+            # The spec-v2 overlap worker (topk 1).
+            args = default_args_namespace(
+                speculative_algorithm=algo, disable_overlap_schedule=False, **base
+            )
+            self.assertIsNone(load_aware_unsupported_reason(args))
+
+    def test_adaptive_refusal_says_why(self):
+        args = default_args_namespace(
+            speculative_disable_batch_threshold=8, speculative_adaptive=True
+        )
+        self.assertIn("speculative_num_steps", load_aware_unsupported_reason(args))
 
     def test_policy_from_args(self):
         self.assertIsNone(SpecPolicy.from_server_args(default_args_namespace()))
@@ -253,10 +267,29 @@ class TestLoadAwareServerArgs(CustomTestCase):
         )
         self.assertEqual(args.speculative_enable_batch_threshold, 2)
 
-    def test_spec_v2_rejected_with_hint(self):
+    def test_spec_v2_supported(self):
+        args = self.make(spec_v2=True, speculative_disable_batch_threshold=8)
+        self.assertFalse(args.disable_overlap_schedule)  # the v2 overlap worker
+        self.assertEqual(args.speculative_enable_batch_threshold, 6)
+        self.assertIsNone(args.max_running_requests)
+
+    def test_spec_v2_tree_falls_back_to_v1(self):
+        args = self.make(
+            spec_v2=True,
+            speculative_disable_batch_threshold=8,
+            speculative_eagle_topk=4,
+            speculative_num_draft_tokens=8,
+        )
+        self.assertTrue(args.disable_overlap_schedule)
+
+    def test_spec_v2_adaptive_rejected(self):
         with self.assertRaises(ValueError) as ctx:
-            self.make(spec_v2=True, speculative_disable_batch_threshold=8)
-        self.assertIn("SGLANG_ENABLE_SPEC_V2=0", str(ctx.exception))
+            self.make(
+                spec_v2=True,
+                speculative_disable_batch_threshold=8,
+                speculative_adaptive=True,
+            )
+        self.assertIn("--speculative-adaptive", str(ctx.exception))
 
     def test_adaptive_rejected(self):
         with self.assertRaises(ValueError) as ctx:

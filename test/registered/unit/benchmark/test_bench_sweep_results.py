@@ -1,0 +1,121 @@
+"""benchmark/dynamic_spec/bench_sweep.py: per-point statistics and the result files
+(summary.json for machines, markdown and PNG for people). No server, no GPU."""
+
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+
+BENCH = Path(__file__).resolve().parents[4] / "benchmark/dynamic_spec/bench_sweep.py"
+SUMMARY_POINT_KEYS = {
+    "config",
+    "concurrency",
+    "output_tok_s",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "ttft_p50_ms",
+    "accept_length",
+    "spec_step_share",
+}
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_sweep", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+class TestBenchSweepResults(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.bench = load_bench()
+
+    def result(self, ttft, latency, tokens, verify=0, correct=0):
+        return self.bench.RequestResult(ttft, latency, tokens, verify, correct, latency)
+
+    def test_summarize_counts_speculative_steps_only(self):
+        results = [
+            self.result(0.1, 1.1, 11, verify=4, correct=4),
+            self.result(0.2, 2.2, 21),
+        ]
+        point = self.bench.summarize(results, wall=2.0)
+        self.assertAlmostEqual(point["output_tok_s"], 16.0)
+        self.assertAlmostEqual(point["tpot_p50_ms"], 100.0)
+        self.assertAlmostEqual(point["accept_length"], 2.0)
+        no_spec = self.bench.summarize([self.result(0.1, 1.1, 11)], wall=1.0)
+        self.assertIsNone(no_spec["accept_length"])
+
+    def test_spec_step_share_from_policy_counts(self):
+        configs = self.bench.build_configs(disable_threshold=8)
+        before = {
+            "load_aware_speculation": {"num_spec_steps": 10, "num_plain_steps": 5}
+        }
+        after = {
+            "load_aware_speculation": {"num_spec_steps": 40, "num_plain_steps": 95}
+        }
+        share = self.bench.spec_step_share(configs["loadaware-topk4"], before, after)
+        self.assertAlmostEqual(share, 0.25)
+        self.assertEqual(self.bench.spec_step_share(configs["nospec"], {}, {}), 0.0)
+        self.assertEqual(
+            self.bench.spec_step_share(configs["eagle3-topk4"], {}, {}), 1.0
+        )
+
+    def test_write_results_produces_summary_table_and_plot(self):
+        records = []
+        for name, speed in (("nospec", 100.0), ("loadaware-topk4", 150.0)):
+            points = [
+                dict(
+                    config=name,
+                    concurrency=c,
+                    output_tok_s=speed * c,
+                    tpot_p50_ms=10.0,
+                    tpot_p99_ms=12.0,
+                    ttft_p50_ms=30.0,
+                    accept_length=None if name == "nospec" else 2.5,
+                    spec_step_share=0.0 if name == "nospec" else 0.5,
+                    num_requests=16,
+                )
+                for c in (1, 8)
+            ]
+            ramp = {"config": name, "output_tok_s": speed * 4, "phases": []}
+            records.append(
+                dict(config=name, points=points, ramp=ramp, kv_capacity_tokens=1000)
+            )
+        header = {
+            "model": "tiny-p0.8",
+            "gpu": "none",
+            "commit": "abc",
+            "command": "bench",
+        }
+        with tempfile.TemporaryDirectory() as out_root:
+            out_dir = self.bench.write_results(out_root, [1, 8], records, header)
+            summary = json.loads(Path(out_dir, "summary.json").read_text())
+            self.assertEqual(len(summary["points"]), 4)
+            self.assertTrue(
+                all(set(p) == SUMMARY_POINT_KEYS for p in summary["points"])
+            )
+            self.assertEqual(
+                [r["config"] for r in summary["ramp"]], ["nospec", "loadaware-topk4"]
+            )
+            self.assertEqual(
+                summary["kv_capacity_tokens"], {"nospec": 1000, "loadaware-topk4": 1000}
+            )
+            self.assertIn(
+                "| loadaware-topk4 | 1000 | 600 | 150 (50% spec) | 1200 (50% spec) |",
+                Path(out_dir, "results.md").read_text(),
+            )
+            self.assertGreater(os.path.getsize(Path(out_dir, "throughput.png")), 1000)
+
+
+if __name__ == "__main__":
+    unittest.main()
