@@ -12,7 +12,12 @@ and an EAGLE-3 draft (``LlamaForCausalLMEagle3``) with these properties:
     a fixed "successor" function, and ``pi(x) == s(x)`` holds for a fraction
     ``P`` (``--draft-accept``) of the tokens, so acceptance is a parameter;
 (c) the bytes written are a deterministic function of (preset, P, seed, device,
-    draft vocab size, layer count).
+    draft vocab size, layer count, ``--draft-kv-check``).
+
+The default draft's proposal depends only on its current input token, so it
+works the same with a stale draft KV cache. ``--draft-kv-check`` writes a draft
+(same target, same proposals) that is right only if the draft KV cache holds,
+at the previous position, what the draft extend writes there (see below).
 
 Token map
 ---------
@@ -64,6 +69,49 @@ Measured on the tiny preset (CPU tests): target top1 - top2 logit gap >= ~9
 (fp32 and bf16; ``TARGET_MIN_MARGIN`` = 6 is asserted), draft gap >= ~8.7 in
 a bf16 emulation of the SGLang draft forward.
 
+KV-checked draft (``--draft-kv-check``)
+---------------------------------------
+Let ``y`` be the draft input at position ``t`` and ``y'`` the one at ``t - 1``
+(in the extend, ``y'`` is the target's input token at ``t``; in a chain step,
+the previous step's input). Only the draft's fc, attention and RoPE base
+differ from the default draft:
+
+* ``fc`` also maps the code dims of the 3 aux states (~ ``e_{y'}``) to
+  ``sqrt(d / c) e_{y'}`` = the code part of ``input_layernorm(embed(y'))``, so
+  the residual ``h`` holds ``code(y')`` in every draft forward (the chain's
+  ``h`` is the previous step's output, which holds it too, see below).
+* Each kv head ``g``: k = scaled code slice ``g`` of ``input_layernorm(embed)``
+  over all head dims, v = the same slice unscaled. Half of its query heads
+  ("copy") attend to their own position (q = k direction, score
+  ``DRAFT_ATTN_SHARPNESS``) and add v; the others ("check") have q =
+  ``KV_CHECK_SELF_SCORE`` * own code + ``KV_CHECK_PREV_SCORE`` * R (code slice
+  ``g`` of ``hidden_norm(h)``, i.e. of ``y'``) and subtract v. R undoes
+  the RoPE rotation of a one-position offset, so a check head scores
+  ``64 + 32 x`` on position ``t - 1`` if its key holds ``y'`` and ``32 + 64 x``
+  on its own position (``x``: overlap of the slices of ``y`` and ``y'``, |x| <
+  ~0.4); measured on the tiny preset, ``t - 1`` wins by >= ~19 over the own
+  position and >= ~20 over every other position.
+* Valid KV: residual code = ``code(y') + code(y) - code(y') = code(y)``; the
+  unchanged lm_head proposes ``s(y)`` as the default draft does (same chains,
+  same acceptance law, draft gap ~21 in the bf16 emulation). Stale KV at
+  ``t - 1``: the check heads fall back to their own position (or, for ~16%
+  of heads, to random ones), so they subtract ``code(y)`` (or a random code)
+  instead, the residual keeps ``code(y')`` and the draft proposes ``s(y')``
+  (= ``y`` itself unless ``y' -> y`` is a cut), which is not ``pi(y)`` (up
+  to ~1/n coincidences after a cut).
+* ``rope_theta`` is ``KV_CHECK_ROPE_THETA`` = 10 (the heads only need offsets
+  0 and 1, where R makes RoPE exact), so all RoPE pairs rotate: a key holding
+  ``y'`` that was written at another position (a slot last used by another
+  request on the same arc of ``pi``) scores far lower, unless it is only 1-2
+  positions off (RoPE turns by at most 1 rad per position).
+
+Only the token held at ``t - 1`` is checked (k and v ignore ``h``), not the
+hidden state it was written with, nor positions before ``t - 1``. Measured on
+the tiny preset (bf16 emulation, 3 chain steps, every position of a
+600-token sequence): previous-position draft KV zeroed or taken from another
+request -> first-token accept <= 0.002 and accept length <= 1.002 (P = 0.6
+and 0.9); zeroed at every other position -> first-token accept P / 2.
+
 Expected accept length
 ----------------------
 With verified last token ``x`` the draft chain is ``s(x), s(s(x)), ...`` and
@@ -100,6 +148,13 @@ TARGET_LOGIT_SCALE = 40.0
 DRAFT_LOGIT_SCALE = 30.0
 DRAFT_ATTN_SHARPNESS = 64.0
 DRAFT_ROPE_THETA = 1e12
+# --draft-kv-check: attention score of a "check" head at the previous position
+# (holding its expected token) and at its own position (the fallback).
+KV_CHECK_PREV_SCORE = 64.0
+KV_CHECK_SELF_SCORE = 32.0
+# Its RoPE base: all pairs rotate, so a key holding that token at another
+# position (e.g. a stale slot of another request) scores much lower.
+KV_CHECK_ROPE_THETA = 10.0
 TARGET_LAYER_NOISE = 0.05
 DRAFT_FILLER_NOISE = 0.05
 MAX_SHARD_BYTES = 4 * 1024**3
@@ -522,6 +577,52 @@ def _draft_attention(p: Preset, device: str) -> Dict[str, torch.Tensor]:
     return {"q_proj": q, "k_proj": k, "v_proj": v, "o_proj": o}
 
 
+def _rope_shift_back(head_dim: int, device: str) -> torch.Tensor:
+    """Map R with rope(R q, t) . rope(k, t - 1) == q . k (neox, KV_CHECK_ROPE_THETA)."""
+    half = head_dim // 2
+    exponent = torch.arange(half, dtype=torch.float64) * 2 / head_dim
+    angle = KV_CHECK_ROPE_THETA**-exponent
+    cos, sin = angle.cos().float(), angle.sin().float()
+    i = torch.arange(half)
+    rot = torch.zeros(head_dim, head_dim)
+    rot[i, i], rot[i, i + half] = cos, sin
+    rot[i + half, i + half], rot[i + half, i] = cos, -sin
+    return rot.to(device)
+
+
+def _draft_attention_kv_check(p: Preset, device: str) -> Dict[str, torch.Tensor]:
+    """Copy heads add the own code; check heads subtract the code at t - 1."""
+    d, hd, n_kv = p.hidden_size, p.head_dim, p.num_kv_heads
+    heads_per_group = p.num_heads // n_kv
+    if heads_per_group < 2:
+        raise ValueError("--draft-kv-check needs >= 2 query heads per kv head")
+    num_copy = heads_per_group // 2
+    # q = s * unit * code_g(x), k = unit * code_g(x') give score s if x == x'.
+    unit = math.sqrt(math.sqrt(hd) * n_kv / d)
+    eye = torch.eye(hd, device=device)
+    shift = _rope_shift_back(hd, device)
+    q = torch.zeros(p.num_heads * hd, 2 * d, device=device)
+    k = torch.zeros(n_kv * hd, 2 * d, device=device)
+    v = torch.zeros(n_kv * hd, 2 * d, device=device)
+    o = torch.zeros(d, p.num_heads * hd, device=device)
+    for g in range(n_kv):
+        own = slice(g * hd, (g + 1) * hd)
+        prev = slice(d + g * hd, d + (g + 1) * hd)
+        k[own, own] = unit * eye
+        v[own, own] = eye
+        for i in range(heads_per_group):
+            head = g * heads_per_group + i
+            rows = slice(head * hd, (head + 1) * hd)
+            if i < num_copy:
+                q[rows, own] = DRAFT_ATTN_SHARPNESS * unit * eye
+                o[own, rows] = eye / num_copy
+            else:
+                q[rows, own] = KV_CHECK_SELF_SCORE * unit * eye
+                q[rows, prev] = KV_CHECK_PREV_SCORE * unit * shift
+                o[own, rows] = -eye / (heads_per_group - num_copy)
+    return {"q_proj": q, "k_proj": k, "v_proj": v, "o_proj": o}
+
+
 def _draft_lm_head(codes: torch.Tensor, tmap: TokenMap, d: int) -> torch.Tensor:
     """Row of hot token t = code of s^{-1}(t); zero for hot tokens off the cycle."""
     on_cycle = torch.nonzero(tmap.successor >= 0).squeeze(1)
@@ -533,9 +634,13 @@ def _draft_lm_head(codes: torch.Tensor, tmap: TokenMap, d: int) -> torch.Tensor:
 
 
 def _draft_filler(
-    p: Preset, filler: _Filler, num_code_dims: int
+    p: Preset, filler: _Filler, num_code_dims: int, kv_check: bool
 ) -> Dict[str, torch.Tensor]:
-    """fc and MLP: small random, writing only outside the code dims."""
+    """fc and MLP: small random, writing only outside the code dims.
+
+    With ``kv_check`` fc also maps the code dims of the 3 aux states (~ e_x of
+    the target's input token x) to ``norm(embed(x))``'s code dims.
+    """
     d, inter = p.hidden_size, p.draft_intermediate_size
     free = d - num_code_dims
     fc_std = DRAFT_FILLER_NOISE * math.sqrt(d / free) / math.sqrt(3 * num_code_dims)
@@ -547,6 +652,8 @@ def _draft_filler(
     )
     fc[:num_code_dims] = 0
     down[:num_code_dims] = 0
+    if kv_check:
+        _copy_aux_codes(fc, num_code_dims)
     return {
         "fc.weight": fc,
         "midlayer.mlp.gate_proj.weight": filler.randn(
@@ -559,7 +666,18 @@ def _draft_filler(
     }
 
 
-def _draft_config(p: Preset, num_layers: int, draft_vocab_size: int) -> dict:
+def _copy_aux_codes(fc: torch.Tensor, num_code_dims: int) -> None:
+    """fc(aux) code dims = mean of the 3 aux code parts * sqrt(d / c) (in place)."""
+    d = fc.shape[0]
+    scale = math.sqrt(d / num_code_dims) / 3
+    copy = torch.eye(num_code_dims, device=fc.device) * scale
+    for i in range(3):
+        fc[:num_code_dims, i * d : i * d + num_code_dims] = copy.to(DTYPE)
+
+
+def _draft_config(
+    p: Preset, num_layers: int, draft_vocab_size: int, rope_theta: float
+) -> dict:
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
@@ -574,8 +692,8 @@ def _draft_config(p: Preset, num_layers: int, draft_vocab_size: int) -> dict:
         "draft_vocab_size": draft_vocab_size,
         "hidden_act": "silu",
         "rms_norm_eps": p.rms_norm_eps,
-        "rope_theta": DRAFT_ROPE_THETA,
-        "rope_parameters": {"rope_type": "default", "rope_theta": DRAFT_ROPE_THETA},
+        "rope_theta": rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
         "max_position_embeddings": p.max_position_embeddings,
         "tie_word_embeddings": False,
         "attention_bias": False,
@@ -601,15 +719,17 @@ def _write_draft(
     tmap: TokenMap,
     filler: _Filler,
     device: str,
+    kv_check: bool,
 ) -> None:
     d = p.hidden_size
     writer = ShardWriter(draft_dir)
     writer.add("embed_tokens.weight", _embedding(codes, d))
-    for name, tensor in _draft_attention(p, device).items():
+    attention = _draft_attention_kv_check if kv_check else _draft_attention
+    for name, tensor in attention(p, device).items():
         writer.add(f"midlayer.self_attn.{name}.weight", tensor.to(DTYPE))
     for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
         writer.add(f"midlayer.{name}.weight", _ones(d, device))
-    for name, tensor in _draft_filler(p, filler, codes.shape[1]).items():
+    for name, tensor in _draft_filler(p, filler, codes.shape[1], kv_check).items():
         writer.add(name, tensor)
     writer.add("norm.weight", _ones(d, device))
     writer.add("lm_head.weight", _draft_lm_head(codes, tmap, d))
@@ -621,7 +741,12 @@ def _write_draft(
     writer.close()
     _write_json(
         os.path.join(draft_dir, "config.json"),
-        _draft_config(p, num_layers, hot.numel()),
+        _draft_config(
+            p,
+            num_layers,
+            hot.numel(),
+            KV_CHECK_ROPE_THETA if kv_check else DRAFT_ROPE_THETA,
+        ),
     )
 
 
@@ -661,10 +786,14 @@ def _write_spec(
     draft_accept: float,
     seed: int,
     tmap: TokenMap,
+    kv_check: bool,
 ) -> None:
+    # The key is absent by default so that default outputs keep their bytes.
+    extra = {"draft_kv_check": True} if kv_check else {}
     _write_json(
         os.path.join(out_dir, SPEC_FILE),
         {
+            **extra,
             "preset": preset,
             "num_layers": num_layers,
             "seed": seed,
@@ -691,8 +820,13 @@ def generate(
     device: str = "cpu",
     draft_vocab_size: Optional[int] = None,
     num_layers: Optional[int] = None,
+    draft_kv_check: bool = False,
 ) -> Tuple[str, str]:
-    """Write ``out_dir/target``, ``out_dir/draft`` and ``out_dir/synthetic_spec.json``."""
+    """Write ``out_dir/target``, ``out_dir/draft`` and ``out_dir/synthetic_spec.json``.
+
+    ``draft_kv_check`` selects the draft variant whose proposals need a valid
+    draft KV cache at the previous position (see the module docstring).
+    """
     p = PRESETS[preset]
     num_layers = num_layers or p.num_layers
     if num_layers < 7:
@@ -709,8 +843,12 @@ def generate(
     os.makedirs(draft_dir, exist_ok=True)
     with torch.no_grad():
         _write_target(target_dir, p, num_layers, codes, tmap, filler, device)
-        _write_draft(draft_dir, p, num_layers, codes, tmap, filler, device)
-    _write_spec(out_dir, preset, p, num_layers, draft_accept, seed, tmap)
+        _write_draft(
+            draft_dir, p, num_layers, codes, tmap, filler, device, draft_kv_check
+        )
+    _write_spec(
+        out_dir, preset, p, num_layers, draft_accept, seed, tmap, draft_kv_check
+    )
     return target_dir, draft_dir
 
 
@@ -723,6 +861,11 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--draft-vocab-size", type=int, default=None)
     parser.add_argument("--num-layers", type=int, default=None)
+    parser.add_argument(
+        "--draft-kv-check",
+        action="store_true",
+        help="draft whose proposals are right only with a valid draft KV cache",
+    )
     return parser.parse_args()
 
 
@@ -736,6 +879,7 @@ def main() -> None:
         args.device,
         args.draft_vocab_size,
         args.num_layers,
+        args.draft_kv_check,
     )
     print(f"target: {target_dir}")
     print(f"draft: {draft_dir}")

@@ -1,10 +1,11 @@
 """CPU tests for sglang.test.synthetic_spec_models (synthetic target + EAGLE-3 draft)."""
 
+import hashlib
 import json
 import os
 import tempfile
 import unittest
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from safetensors import safe_open
@@ -23,6 +24,16 @@ DRAFT_MIN_MARGIN = 6.0
 # Tolerances of the measured acceptance against P and against the formula.
 FIRST_TOKEN_TOL = 0.06
 ACCEPT_LENGTH_REL_TOL = 0.08
+PROMPT = [9, 40, 1234]
+# Prompt of "another request" whose draft KV replaces ours in the stale-KV tests;
+# at P = 0.6 its continuation runs on the same arc of pi, 79 tokens ahead of ours.
+OTHER_PROMPT = [17, 5, 3000]
+# --draft-kv-check with a stale draft KV cache (measured: <= 0.002 and <= 1.002).
+STALE_KV_MAX_FIRST_ACCEPT = 0.03
+STALE_KV_MAX_ACCEPT_LENGTH = 1.05
+# sha256 of ssm.generate("tiny", out, draft_accept=0.9, seed=1) (see _digest),
+# computed before --draft-kv-check was added: default outputs must keep their bytes.
+DEFAULT_TINY_DIGEST = "84c794581cf647cebf0a4858c04a7595e44c7d4d24c162ef2d9ca159f46170e2"
 
 
 def _rope_neox(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -145,39 +156,64 @@ def _target_aux(target: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     )
 
 
+KV = Tuple[torch.Tensor, torch.Tensor]
+
+
+def _draft_extend_kv(
+    draft: Eagle3DraftEmulator, seq: List[int], aux: torch.Tensor
+) -> KV:
+    """Draft KV that the draft extends write for seq (position t: seq[t + 1], aux[t])."""
+    n_ext = len(seq) - 1
+    causal = torch.ones(n_ext, n_ext, dtype=torch.bool).tril()
+    with torch.no_grad():
+        _, _, kv = draft.forward(
+            torch.tensor(seq[1:]),
+            draft.fc(aux[:-1]),
+            torch.arange(n_ext),
+            draft.empty_kv(),
+            causal,
+        )
+    return kv
+
+
 def _simulate_chain(
     draft: Eagle3DraftEmulator,
     seq: List[int],
     aux: torch.Tensor,
     start: int,
     num_steps: int,
+    cache: KV,
 ) -> Tuple[List[Tuple[int, List[int]]], float]:
     """EAGLE-3 chain drafting (topk=1) at every verification point t >= start.
 
-    Draft extend: position t gets token seq[t + 1] and the target aux of t. Then
-    num_steps - 1 decode steps feed back the draft's token and pre-norm hidden;
-    the decode steps of all verification points run as one batch whose mask
-    lets chain t see extend positions <= t and its own earlier chain tokens.
+    Draft extend of t: token seq[t + 1] and the target aux of t, reading the
+    draft KV of positions < t from cache (positions of seq; pass
+    _draft_extend_kv(draft, seq, aux) for a valid cache). Then num_steps - 1
+    decode steps feed back the draft's token and pre-norm hidden; all
+    verification points run as one batch whose mask lets point t see cache
+    positions < t, its own extend and its own earlier chain tokens.
     Returns ([(t, drafted target ids)], min top1 - top2 draft logit gap).
     """
     ids = torch.tensor(seq)
     n_ext = len(seq) - 1
-    causal = torch.ones(n_ext, n_ext, dtype=torch.bool).tril()
+    points = torch.arange(start, n_ext - num_steps)
+    earlier = torch.arange(n_ext)[None, :] < points[:, None]
+    own = torch.eye(points.numel(), dtype=torch.bool)
+    chains, margins = [], []
     with torch.no_grad():
         logits, hidden, kv = draft.forward(
-            ids[1:], draft.fc(aux[:-1]), torch.arange(n_ext), draft.empty_kv(), causal
+            ids[points + 1],
+            draft.fc(aux[points]),
+            points,
+            cache,
+            torch.cat([earlier, own], dim=1),
         )
-        points = torch.arange(start, n_ext - num_steps)
-        logits, hidden = logits[points], hidden[points]
-        own_chain = torch.eye(points.numel(), dtype=torch.bool)
-        ext_mask = torch.arange(n_ext)[None, :] <= points[:, None]
-        chains, margins = [], []
         for step in range(num_steps):
             top2 = logits.topk(2, dim=-1)
             margins.append((top2.values[:, 0] - top2.values[:, 1]).min().item())
             chains.append(draft.hot_token_id[top2.indices[:, 0]])
             if step + 1 < num_steps:
-                mask = torch.cat([ext_mask] + [own_chain] * (step + 1), dim=1)
+                mask = torch.cat([earlier] + [own] * (step + 2), dim=1)
                 logits, hidden, kv = draft.forward(
                     chains[-1], hidden, points + step + 1, kv, mask
                 )
@@ -189,10 +225,14 @@ class TestSyntheticSpecModels(CustomTestCase):
     @classmethod
     def setUpClass(cls) -> None:
         cls._tmp = tempfile.TemporaryDirectory()
-        cls.dirs = {}
+        cls.dirs, cls.kv_check_dirs = {}, {}
         for p in (0.6, 0.9):
             out = os.path.join(cls._tmp.name, f"p{p}")
             cls.dirs[p] = (out,) + ssm.generate("tiny", out, draft_accept=p, seed=1)
+            out = os.path.join(cls._tmp.name, f"kv_check_p{p}")
+            cls.kv_check_dirs[p] = (out,) + ssm.generate(
+                "tiny", out, draft_accept=p, seed=1, draft_kv_check=True
+            )
         cls.out, cls.target_dir, cls.draft_dir = cls.dirs[0.9]
         cls.spec = ssm.load_spec(cls.out)
 
@@ -249,22 +289,37 @@ class TestSyntheticSpecModels(CustomTestCase):
             agree = (nt[cycle] == succ[cycle]).float().mean().item()
             self.assertAlmostEqual(agree, p, delta=0.01)
 
-    def _measure_acceptance(self, p: float) -> Tuple[float, float, float]:
-        out, target_dir, draft_dir = self.dirs[p]
+    def _measure_acceptance(
+        self, p: float, kv_check: bool = False, stale_kv: Optional[str] = None
+    ) -> Tuple[float, float, float]:
+        """(first-token accept rate, accept length, min draft logit gap).
+
+        stale_kv: None (valid draft KV cache) or a kind of _stale_draft_kv.
+        """
+        out, target_dir, draft_dir = (self.kv_check_dirs if kv_check else self.dirs)[p]
         succ = ssm.load_spec(out)["draft_successor"]
-        seq = self._prompt_and_continuation(out, [9, 40, 1234], SEQ_LEN)
-        # The aux states only feed the (small) fc; the draft itself runs in bf16.
+        seq = self._prompt_and_continuation(out, PROMPT, SEQ_LEN)
+        # The aux states only feed fc; the draft itself runs in bf16.
         target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
         draft = Eagle3DraftEmulator(draft_dir, torch.bfloat16)
-        drafts, margin = _simulate_chain(
-            draft, seq, _target_aux(target, torch.tensor(seq)), 3, NUM_STEPS
-        )
+        aux = _target_aux(target, torch.tensor(seq))
+        cache = _draft_extend_kv(draft, seq, aux)
+        if stale_kv is not None:
+            other = self._prompt_and_continuation(
+                out, OTHER_PROMPT, len(seq) - len(OTHER_PROMPT)
+            )
+            other_kv = _draft_extend_kv(
+                draft, other, _target_aux(target, torch.tensor(other))
+            )
+            cache = _stale_draft_kv(stale_kv, cache, other_kv)
+        drafts, margin = _simulate_chain(draft, seq, aux, 3, NUM_STEPS, cache)
         first_hits, lengths = [], []
         for t, chain in drafts:
-            intended = [succ[seq[t + 1]]]
-            for _ in range(NUM_STEPS - 1):
-                intended.append(succ[intended[-1]])
-            self.assertEqual(chain, intended, f"draft chain at position {t}")
+            if stale_kv is None:
+                intended = [succ[seq[t + 1]]]
+                for _ in range(NUM_STEPS - 1):
+                    intended.append(succ[intended[-1]])
+                self.assertEqual(chain, intended, f"draft chain at position {t}")
             accepted = 0
             while accepted < NUM_STEPS and chain[accepted] == seq[t + 2 + accepted]:
                 accepted += 1
@@ -272,12 +327,12 @@ class TestSyntheticSpecModels(CustomTestCase):
             lengths.append(1.0 + accepted)
         return sum(first_hits) / len(first_hits), sum(lengths) / len(lengths), margin
 
-    def test_draft_emulation_acceptance(self) -> None:
+    def _check_valid_kv_acceptance(self, kv_check: bool) -> None:
         for p in (0.6, 0.9):
-            first, length, margin = self._measure_acceptance(p)
+            first, length, margin = self._measure_acceptance(p, kv_check)
             expected = ssm.expected_accept_length(p, NUM_STEPS)
             print(
-                f"P={p}: first-token accept {first:.3f}, accept length {length:.3f} (expected {expected:.3f}), draft margin {margin:.2f}"
+                f"kv_check={kv_check} P={p}: first-token accept {first:.3f}, accept length {length:.3f} (expected {expected:.3f}), draft margin {margin:.2f}"
             )
             with self.subTest(p=p):
                 self.assertGreater(margin, DRAFT_MIN_MARGIN)
@@ -285,6 +340,75 @@ class TestSyntheticSpecModels(CustomTestCase):
                 self.assertLess(
                     abs(length - expected) / expected, ACCEPT_LENGTH_REL_TOL
                 )
+
+    def test_draft_emulation_acceptance(self) -> None:
+        self._check_valid_kv_acceptance(kv_check=False)
+
+    def test_kv_check_draft_emulation_acceptance(self) -> None:
+        """With a valid draft KV cache the variant drafts exactly like the default."""
+        self._check_valid_kv_acceptance(kv_check=True)
+
+    def test_kv_check_draft_needs_valid_previous_kv(self) -> None:
+        for p in (0.6, 0.9):
+            for stale_kv in ("zero", "other_request"):
+                first, length, _ = self._measure_acceptance(p, True, stale_kv)
+                print(
+                    f"kv_check P={p} stale {stale_kv}: first-token accept {first:.3f}, accept length {length:.3f}"
+                )
+                with self.subTest(p=p, stale_kv=stale_kv):
+                    self.assertLess(first, STALE_KV_MAX_FIRST_ACCEPT)
+                    self.assertLess(length, STALE_KV_MAX_ACCEPT_LENGTH)
+            # Only the previous position counts: it is zeroed for half the points.
+            first, _, _ = self._measure_acceptance(p, True, "odd_positions_zero")
+            print(f"kv_check P={p} stale odd positions: first-token accept {first:.3f}")
+            self.assertAlmostEqual(first, p / 2, delta=FIRST_TOKEN_TOL)
+        # The gap closed by the variant: the default draft ignores earlier draft KV.
+        first, _, _ = self._measure_acceptance(0.9, stale_kv="zero")
+        self.assertAlmostEqual(first, 0.9, delta=FIRST_TOKEN_TOL)
+
+    def test_kv_check_keeps_target_and_draft_layout(self) -> None:
+        for p, (out, target_dir, draft_dir) in self.kv_check_dirs.items():
+            default_out, default_target, default_draft = self.dirs[p]
+            for rel in ("model.safetensors", "config.json"):
+                self.assertEqual(
+                    _read(target_dir, rel), _read(default_target, rel), rel
+                )
+            spec = ssm.load_spec(out)
+            self.assertTrue(spec["draft_kv_check"])
+            self.assertEqual(spec["next_token"], ssm.next_token_map(default_out))
+            self.assertEqual(_tensor_shapes(draft_dir), _tensor_shapes(default_draft))
+            cfg, default_cfg = (
+                json.loads(_read(d, "config.json")) for d in (draft_dir, default_draft)
+            )
+            self.assertEqual(cfg.keys(), default_cfg.keys())
+            differs = {k for k in cfg if cfg[k] != default_cfg[k]}
+            self.assertEqual(differs, {"rope_theta", "rope_parameters"})
+        with tempfile.TemporaryDirectory() as tmp:
+            ssm.generate("tiny", tmp, draft_accept=0.9, seed=1, draft_kv_check=True)
+            for rel in _relative_files(tmp):
+                self.assertEqual(
+                    _read(tmp, rel), _read(self.kv_check_dirs[0.9][0], rel), rel
+                )
+
+    def test_kv_check_rope_shift_back(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        for head_dim in (64, 128):
+            q, k = torch.randn(2, 1, 1, head_dim, generator=gen)
+            shift = ssm._rope_shift_back(head_dim, "cpu")
+            for t in (1, 7, 4000):
+                rotated = [
+                    _rope_neox(x, torch.tensor([pos]), ssm.KV_CHECK_ROPE_THETA)
+                    for x, pos in ((q @ shift.t(), t), (k, t - 1))
+                ]
+                self.assertAlmostEqual(
+                    (rotated[0] * rotated[1]).sum().item(),
+                    (q * k).sum().item(),
+                    delta=1e-3 * head_dim,
+                )
+
+    def test_default_bytes_unchanged(self) -> None:
+        """Default outputs are pinned (digest taken before --draft-kv-check existed)."""
+        self.assertEqual(_digest(self.dirs[0.9][0]), DEFAULT_TINY_DIGEST)
 
     def test_expected_accept_length(self) -> None:
         self.assertAlmostEqual(ssm.expected_accept_length(0.5, 3), 1.875)
@@ -426,6 +550,32 @@ def _relative_files(root: str) -> List[str]:
 def _read(root: str, rel: str) -> bytes:
     with open(os.path.join(root, rel), "rb") as f:
         return f.read()
+
+
+def _digest(root: str) -> str:
+    """sha256 over (path, bytes) of every file but the tokenizers-library output."""
+    h = hashlib.sha256()
+    for rel in _relative_files(root):
+        if rel != os.path.join("target", "tokenizer.json"):
+            h.update(rel.encode() + b"\0" + _read(root, rel))
+    return h.hexdigest()
+
+
+def _tensor_shapes(model_dir: str) -> Dict[str, Tuple[int, ...]]:
+    with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+def _stale_draft_kv(kind: str, kv: KV, other_kv: KV) -> KV:
+    """Draft KV cache left by a bug that skipped the writes of kv (valid)."""
+    if kind == "zero":
+        return torch.zeros_like(kv[0]), torch.zeros_like(kv[1])
+    if kind == "other_request":  # slots last written by another request
+        return other_kv
+    if kind == "odd_positions_zero":
+        odd = (torch.arange(kv[0].shape[0]) % 2 == 1)[:, None, None]
+        return kv[0].masked_fill(odd, 0), kv[1].masked_fill(odd, 0)
+    raise ValueError(kind)
 
 
 if __name__ == "__main__":
