@@ -30,19 +30,34 @@ TEST_ENGINE_DEFAULTS: Dict[str, object] = dict(
 
 
 def synthetic_pair(
-    preset: str = "tiny", draft_accept: float = 0.8, seed: int = 0
+    preset: str = "tiny",
+    draft_accept: float = 0.8,
+    seed: int = 0,
+    draft_kv_check: bool = False,
 ) -> Tuple[str, str]:
-    """(target_dir, draft_dir) of a synthetic pair, generated once per cache directory."""
+    """(target_dir, draft_dir) of a synthetic pair, generated once per cache directory.
+
+    ``draft_kv_check``: the draft variant that proposes right only when its KV cache
+    of the previous position is valid (catches stale draft KV after plain steps).
+    """
     import torch
     from sglang.test.synthetic_spec_models import SPEC_FILE, generate
 
     root = os.environ.get(SYNTHETIC_MODELS_DIR_ENV) or os.path.join(
         tempfile.gettempdir(), "sglang-synthetic"
     )
-    out_dir = os.path.join(root, f"{preset}-p{draft_accept}-s{seed}")
+    variant = "-kvcheck" if draft_kv_check else ""
+    out_dir = os.path.join(root, f"{preset}-p{draft_accept}-s{seed}{variant}")
     if not os.path.isfile(os.path.join(out_dir, SPEC_FILE)):
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        generate(preset, out_dir, draft_accept, seed=seed, device=device)
+        generate(
+            preset,
+            out_dir,
+            draft_accept,
+            seed=seed,
+            device=device,
+            draft_kv_check=draft_kv_check,
+        )
     return os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
 
 

@@ -77,35 +77,25 @@ def load_aware_worker_unsupported_reason(worker: EAGLEWorker) -> Optional[str]:
     return None
 
 
-class LoadAwarePlainDecode:
-    """The plain-step path of an EAGLEWorker with load-aware speculation."""
+class TargetDecodeGraphs:
+    """The DECODE CUDA-graph family of a speculative target (v1 and v2 workers).
 
-    def __init__(self, worker: EAGLEWorker):
-        reason = load_aware_worker_unsupported_reason(worker)
-        if reason is not None:
-            raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
+    Captured at startup with its own attention backend; ``active()`` routes one
+    target forward to it. None-valued ``graph_runner`` (--disable-cuda-graph)
+    makes that forward run eagerly.
+    """
 
+    def __init__(self, worker):
+        # worker: EAGLEWorker or EAGLEWorkerV2 (target_worker, server_args,
+        # device, gpu_id).
         self.worker = worker
-        self.target_model_runner = worker.target_worker.model_runner
-        self.target_graph_runner: Optional[CudaGraphRunner] = None
+        self.model_runner = worker.target_worker.model_runner
+        self.graph_runner: Optional[CudaGraphRunner] = None
         if not worker.server_args.disable_cuda_graph:
-            self.target_graph_runner = self._capture_target_decode_graphs()
-            self._check_draft_extend_graph_coverage()
+            self.graph_runner = self._capture()
 
-        # Constant per-request inputs of the draft catch-up (1 accepted token,
-        # 0 correct drafts), sliced per step to avoid hot-path allocations.
-        # Read-only: never modified in place by the draft-extend path.
-        max_bs = worker.req_to_token_pool.size
-        self._num_correct_drafts = torch.zeros(
-            (max_bs,), dtype=torch.int32, device=worker.device
-        )
-        self._num_accept_tokens = torch.ones(
-            (max_bs,), dtype=torch.int32, device=worker.device
-        )
-
-    def _capture_target_decode_graphs(self) -> CudaGraphRunner:
-        """Capture the DECODE graph family on the target, with its own backend."""
-        model_runner = self.target_model_runner
+    def _capture(self) -> CudaGraphRunner:
+        model_runner = self.model_runner
         tic = time.perf_counter()
         before_mem = get_available_gpu_memory(self.worker.device, self.worker.gpu_id)
         log_info_on_rank0(
@@ -135,6 +125,48 @@ class LoadAwarePlainDecode:
         )
         return graph_runner
 
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Route the target forward to the DECODE graph family for one step.
+
+        ModelRunner replays ``graph_runner`` whenever its ``can_run`` accepts
+        the batch, which does not check the forward mode: the verify runner
+        must not see a DECODE batch.
+        """
+        model_runner = self.model_runner
+        verify_graph_runner = model_runner.graph_runner
+        model_runner.graph_runner = self.graph_runner
+        try:
+            yield
+        finally:
+            model_runner.graph_runner = verify_graph_runner
+
+
+class LoadAwarePlainDecode:
+    """The plain-step path of an EAGLEWorker with load-aware speculation."""
+
+    def __init__(self, worker: EAGLEWorker):
+        reason = load_aware_worker_unsupported_reason(worker)
+        if reason is not None:
+            raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
+
+        self.worker = worker
+        self.target_decode_graphs = TargetDecodeGraphs(worker)
+        self.target_graph_runner = self.target_decode_graphs.graph_runner
+        if self.target_graph_runner is not None:
+            self._check_draft_extend_graph_coverage()
+
+        # Constant per-request inputs of the draft catch-up (1 accepted token,
+        # 0 correct drafts), sliced per step to avoid hot-path allocations.
+        # Read-only: never modified in place by the draft-extend path.
+        max_bs = worker.req_to_token_pool.size
+        self._num_correct_drafts = torch.zeros(
+            (max_bs,), dtype=torch.int32, device=worker.device
+        )
+        self._num_accept_tokens = torch.ones(
+            (max_bs,), dtype=torch.int32, device=worker.device
+        )
+
     def _check_draft_extend_graph_coverage(self) -> None:
         """Plain steps run at every batch size; so does their draft catch-up."""
         draft_extend_runner = self.worker.cuda_graph_runner_for_draft_extend
@@ -152,22 +184,6 @@ class LoadAwarePlainDecode:
                 "runs eagerly above."
             )
 
-    @contextmanager
-    def _target_decode_graphs(self) -> Iterator[None]:
-        """Route the target forward to the DECODE graph family for one step.
-
-        ModelRunner replays ``graph_runner`` whenever its ``can_run`` accepts
-        the batch, which does not check the forward mode: the verify runner
-        must not see a DECODE batch.
-        """
-        model_runner = self.target_model_runner
-        verify_graph_runner = model_runner.graph_runner
-        model_runner.graph_runner = self.target_graph_runner
-        try:
-            yield
-        finally:
-            model_runner.graph_runner = verify_graph_runner
-
     def forward(self, batch: ScheduleBatch) -> GenerationBatchResult:
         """Run one plain decode step; installs the next draft input on batch."""
         assert batch.forward_mode.is_decode() and not batch.spec_step
@@ -178,7 +194,7 @@ class LoadAwarePlainDecode:
         # speculation, plus the hidden state of the new token for the draft.
         model_worker_batch = batch.get_model_worker_batch()
         model_worker_batch.capture_hidden_mode = CaptureHiddenMode.FULL
-        with self._target_decode_graphs():
+        with self.target_decode_graphs.active():
             result = worker.target_worker.forward_batch_generation(model_worker_batch)
         result.num_correct_drafts = 0
 

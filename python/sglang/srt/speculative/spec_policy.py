@@ -200,7 +200,9 @@ def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
     """Why load-aware speculation cannot run with these args, or None. Pure.
 
     Must be called after the speculative algorithm has been resolved and the
-    v1/v2 worker chosen (``disable_overlap_schedule`` set for v1).
+    v1/v2 worker chosen (``disable_overlap_schedule`` set for v1). Both the v1
+    EAGLEWorker (load_aware.py) and the spec-v2 overlap EAGLEWorkerV2
+    (load_aware_v2.py, topk 1) are supported.
     """
     algo = server_args.speculative_algorithm
     if algo is None:
@@ -211,18 +213,25 @@ def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
             "(supported: EAGLE, EAGLE3; not NGRAM, STANDALONE, DFLASH, "
             "FROZEN_KV_MTP)"
         )
-    if not server_args.disable_overlap_schedule:
+    if (
+        not server_args.disable_overlap_schedule
+        and (server_args.speculative_eagle_topk or 1) != 1
+    ):
+        # ServerArgs already falls back to v1 for topk > 1; kept as a guard.
+        return "the spec-v2 overlap worker supports --speculative-eagle-topk 1 only"
+    if getattr(server_args, "speculative_adaptive", False):
         return (
-            "the spec-v2 overlap worker is not supported yet; "
-            "set SGLANG_ENABLE_SPEC_V2=0 (or --disable-overlap-schedule) "
-            "to use the v1 EAGLE worker until v2 support lands"
+            "--speculative-adaptive cannot be combined with it yet: adaptive "
+            "state switches rewrite server_args.speculative_num_steps / "
+            "speculative_num_draft_tokens, which the KV reservation and the "
+            "spec-v2 allocation read, and swap the target graph runner and "
+            "attention backend that plain steps route around"
         )
     unsupported_flags = (
         ("enable_multi_layer_eagle", "--enable-multi-layer-eagle"),
         ("enable_dp_attention", "--enable-dp-attention"),
         ("enable_two_batch_overlap", "--enable-two-batch-overlap"),
         ("enable_pdmux", "--enable-pdmux"),
-        ("speculative_adaptive", "--speculative-adaptive"),
         ("enable_lora", "--enable-lora"),
     )
     for field, flag in unsupported_flags:

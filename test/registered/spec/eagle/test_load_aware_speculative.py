@@ -1,5 +1,6 @@
-"""GPU tier of load-aware speculation (v1 EAGLE worker): plain decode steps above a
-batch threshold, speculative steps below it, under CUDA graphs.
+"""GPU tier of load-aware speculation (v1 EAGLE worker, and the spec-v2 overlap worker
+with topk 1): plain decode steps above a batch threshold, speculative steps below it,
+under CUDA graphs.
 
 The synthetic checkpoints make greedy outputs a known function of the prompt (the
 plain engine reproduces it exactly: test_synthetic_spec_models_gpu.py), so every
@@ -7,7 +8,9 @@ response is compared token for token with it. Servers run with the idle and busy
 KV leak checks of the scheduler on, so a leaked slot kills the server.
 """
 
+import itertools
 import re
+import threading
 import time
 import unittest
 from typing import Dict, List, Tuple
@@ -32,7 +35,7 @@ from sglang.test.synthetic_spec_models import (
 )
 from sglang.test.test_utils import CustomTestCase
 
-register_cuda_ci(est_time=900, suite="stage-b-test-1-gpu-large")
+register_cuda_ci(est_time=1500, suite="stage-b-test-1-gpu-large")
 pytestmark = pytest.mark.gpu
 
 TOPK1 = dict(num_steps=3, topk=1, num_draft_tokens=4)
@@ -98,6 +101,9 @@ class LoadAwareServerBase(CustomTestCase):
     disable_threshold = 5
     enable_threshold = None
     seed = 11
+    draft_kv_check = False
+    extra_args: List[str] = []
+    spec_v2 = False  # True: the overlap scheduler's EAGLEWorkerV2 (topk 1)
 
     @classmethod
     def server_args(cls) -> List[str]:
@@ -107,16 +113,21 @@ class LoadAwareServerBase(CustomTestCase):
         args += ["--speculative-disable-batch-threshold", str(cls.disable_threshold)]
         if cls.enable_threshold is not None:
             args += ["--speculative-enable-batch-threshold", str(cls.enable_threshold)]
-        return args
+        return args + cls.extra_args
 
     @classmethod
     def setUpClass(cls):
-        cls.target, cls.draft = synthetic_pair("tiny", cls.draft_accept)
+        cls.target, cls.draft = synthetic_pair(
+            "tiny", cls.draft_accept, draft_kv_check=cls.draft_kv_check
+        )
         cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
         cls._server = running_server(
             cls.target,
             cls.server_args(),
-            env={**LEAK_CHECK_ENV, "SGLANG_ENABLE_SPEC_V2": "0"},
+            env={
+                **LEAK_CHECK_ENV,
+                "SGLANG_ENABLE_SPEC_V2": "1" if cls.spec_v2 else "0",
+            },
         )
         cls.base_url, cls.process = cls._server.__enter__()
 
@@ -259,6 +270,58 @@ class TestLoadAwareRampTree(RampMixin, LoadAwareServerBase):
         self.assert_server_alive_and_idle_clean()
 
 
+class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
+    """A long request goes plain and back every few steps, with the draft variant that
+    proposes right only when the draft KV of the previous position is valid: a plain
+    step that left the draft KV stale would drop the first speculative round after
+    every resume to accept length 1."""
+
+    draft_kv_check = True
+    disable_threshold = 2
+    enable_threshold = 1
+    extra_args = ["--speculative-load-aware-min-dwell-steps", "0"]
+
+    def test_acceptance_survives_frequent_resumes(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from sglang.test.spec_engine_utils import post_generate
+
+        state_before = self.load_aware_state()
+        prompt = self.prompts(1, seed=300)[0]
+        done = threading.Event()
+
+        def interrupt_with_short_requests():
+            for i in itertools.count():
+                if done.is_set():
+                    return
+                post_generate(
+                    self.base_url, self.prompts(1, 400 + i)[0], greedy_params(2)
+                )
+                time.sleep(0.02)
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            interrupter = pool.submit(interrupt_with_short_requests)
+            try:
+                out = post_generate(self.base_url, prompt, greedy_params(256))
+            finally:
+                done.set()
+            interrupter.result()
+        self.assert_outputs_intended([prompt], [out], [256])
+        meta = out["meta_info"]
+        toggles = self.load_aware_state()["num_toggles"] - state_before["num_toggles"]
+        measured = spec_accept_length([meta])
+        predicted = expected_accept_length(
+            self.draft_accept, self.spec["num_steps"], self.spec["topk"]
+        )
+        print(
+            f"[load-aware-resume] toggles {toggles}, plain tokens {plain_step_tokens(meta)}, "
+            f"accept length {measured:.3f} (predicted {predicted:.3f})"
+        )
+        self.assertGreaterEqual(toggles, 20)
+        self.assertAlmostEqual(measured, predicted, delta=0.10 * predicted)
+        self.assert_server_alive_and_idle_clean()
+
+
 class MatrixMixin:
     """Stop strings, logprobs and max_new_tokens ending during plain steps."""
 
@@ -328,6 +391,45 @@ class TestLoadAwareTopk4FlashinferPage16Graphs(MatrixMixin, LoadAwareServerBase)
 class TestLoadAwareTopk4FlashinferEager(MatrixMixin, LoadAwareServerBase):
     backend = "flashinfer"
     cuda_graph = False
+
+
+class SpecV2Mixin:
+    """The overlap scheduler's spec-v2 worker (EAGLEWorkerV2, topk 1)."""
+
+    spec_v2 = True
+    spec = TOPK1
+
+    def test_runs_the_overlap_worker(self):
+        info = requests.get(f"{self.base_url}/server_info", timeout=30).json()
+        self.assertFalse(info["disable_overlap_schedule"])
+
+
+class TestLoadAwareV2AtTheThreshold(
+    SpecV2Mixin, TestLoadAwareTreeAtTheCrashingThreshold
+):
+    pass
+
+
+class TestLoadAwareV2Ramp(SpecV2Mixin, TestLoadAwareRampTree):
+    pass
+
+
+class TestLoadAwareV2Topk1TritonGraphs(SpecV2Mixin, MatrixMixin, LoadAwareServerBase):
+    pass
+
+
+class TestLoadAwareV2Topk1TritonPage16Eager(
+    SpecV2Mixin, MatrixMixin, LoadAwareServerBase
+):
+    page_size = 16
+    cuda_graph = False
+
+
+class TestLoadAwareV2Topk1FlashinferPage16Graphs(
+    SpecV2Mixin, MatrixMixin, LoadAwareServerBase
+):
+    backend = "flashinfer"
+    page_size = 16
 
 
 if __name__ == "__main__":

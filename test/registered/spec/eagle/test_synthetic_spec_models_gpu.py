@@ -38,10 +38,13 @@ SPEC_CONFIGS = {
 
 class TestSyntheticEagle3Parity(CustomTestCase):
     draft_accept = 0.6
+    draft_kv_check = False
 
     @classmethod
     def setUpClass(cls):
-        cls.target, cls.draft = synthetic_pair("tiny", cls.draft_accept)
+        cls.target, cls.draft = synthetic_pair(
+            "tiny", cls.draft_accept, draft_kv_check=cls.draft_kv_check
+        )
         token_map = next_token_map(os.path.dirname(cls.target))
         cls.prompts = random_prompts(NUM_PROMPTS, PROMPT_LEN, len(token_map), seed=1)
         cls.params = greedy_params(MAX_NEW_TOKENS)
@@ -90,6 +93,12 @@ class TestSyntheticEagle3Parity(CustomTestCase):
 
 class TestSyntheticEagle3ParityHighAccept(TestSyntheticEagle3Parity):
     draft_accept = 0.9
+
+
+class TestSyntheticEagle3ParityKVCheckDraft(TestSyntheticEagle3Parity):
+    """The draft variant whose proposals need a valid draft KV cache (same law)."""
+
+    draft_kv_check = True
 
 
 if __name__ == "__main__":

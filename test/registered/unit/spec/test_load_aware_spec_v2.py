@@ -11,6 +11,7 @@ over-allocated, the KV reservation across mode switches, filter/merge with
 future indices, and the routing of plain steps in the output processor.
 """
 
+import contextlib
 import json
 import os
 import random
@@ -32,9 +33,10 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.chunk_cache import ChunkCache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-from sglang.srt.speculative import spec_utils
+from sglang.srt.speculative import load_aware_v2, spec_utils
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.load_aware_v2 import plain_decode_kv_lens
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -155,11 +157,13 @@ class SpecV2BatchTestBase(CustomTestCase):
     def prefilled_batch(self, prompt_lens=PROMPT_LENS, prefix="r"):
         reqs = []
         for i, n in enumerate(prompt_lens):
+            sampling_params = SamplingParams(max_new_tokens=128)
+            sampling_params.normalize(None)
             req = Req(
                 f"{prefix}{i}",
                 "",
                 list(range(1, n + 1)),
-                SamplingParams(max_new_tokens=128),
+                sampling_params,
                 vocab_size=TINY_LLAMA_CONFIG["vocab_size"],
             )
             req.init_next_round_input(self.tree_cache)
@@ -224,7 +228,9 @@ class TestPlainStepPreparation(SpecV2BatchTestBase):
         self.assertEqual(batch.seq_lens_cpu.tolist(), (old_seq_lens + 1).tolist())
         self.assertEqual(batch.seq_lens_sum, int(old_seq_lens.sum()) + 4)
         for req, n in zip(batch.reqs, PROMPT_LENS):
-            self.assertEqual((req.kv_committed_len, req.kv_allocated_len), (n + 1, n + 1))
+            self.assertEqual(
+                (req.kv_committed_len, req.kv_allocated_len), (n + 1, n + 1)
+            )
         self.owned_slots(batch)
 
         mwb = batch.get_model_worker_batch()
@@ -377,10 +383,8 @@ class TestOutputProcessorRouting(SpecV2BatchTestBase):
         scheduler.enable_metrics = False
         scheduler.num_generated_tokens = 0
         scheduler.forward_ct_decode = 0
-        scheduler._resolve_spec_overlap_tokens.side_effect = (
-            lambda result, batch: SchedulerOutputProcessorMixin._resolve_spec_overlap_tokens(
-                scheduler, result, batch
-            )
+        scheduler._resolve_spec_overlap_tokens.side_effect = lambda result, batch: SchedulerOutputProcessorMixin._resolve_spec_overlap_tokens(
+            scheduler, result, batch
         )
         SchedulerOutputProcessorMixin.process_batch_result_decode(
             scheduler, batch, result
@@ -423,6 +427,164 @@ class TestOutputProcessorRouting(SpecV2BatchTestBase):
             [c + a - 1 for c, a in zip(committed, [4, 1, 2, 3])],
         )
         self.assertEqual([r.spec_verify_ct for r in batch.reqs], [1] * 4)
+
+
+class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
+    """LoadAwarePlainDecodeV2.forward with stand-in target and draft models.
+
+    Checks what the target and the draft catch-up receive and the next draft
+    input handed to the future map; the kernels themselves need a GPU.
+    """
+
+    HIDDEN, DRAFT_HIDDEN, VOCAB = 12, 8, 32
+
+    def make_worker(self, target_calls, extend_calls):
+        graph_runner_seen = []
+        target_model_runner = SimpleNamespace(
+            mambaish_config=None, graph_runner="verify-graphs"
+        )
+
+        def target_forward(mwb):
+            graph_runner_seen.append(target_model_runner.graph_runner)
+            target_calls.append(
+                dict(
+                    input_ids=mwb.input_ids.clone(),
+                    spec_info=mwb.spec_info,
+                    capture_hidden_mode=mwb.capture_hidden_mode,
+                    seq_lens=mwb.seq_lens.tolist(),
+                    forward_mode=mwb.forward_mode,
+                )
+            )
+            bs = len(mwb.seq_lens)
+            return GenerationBatchResult(
+                logits_output=SimpleNamespace(
+                    hidden_states=torch.arange(bs)[:, None]
+                    .float()
+                    .repeat(1, self.HIDDEN)
+                ),
+                next_token_ids=torch.arange(bs) + 40,
+            )
+
+        draft_logits = torch.zeros(len(PROMPT_LENS), self.VOCAB)
+        draft_logits[
+            torch.arange(len(PROMPT_LENS)), torch.arange(len(PROMPT_LENS)) + 3
+        ] = 10.0
+        draft_runner = SimpleNamespace(
+            tp_group=None,
+            forward=lambda forward_batch, skip_attn_backend_init: SimpleNamespace(
+                logits_output=SimpleNamespace(
+                    next_token_logits=draft_logits,
+                    hidden_states=torch.ones(len(PROMPT_LENS), self.DRAFT_HIDDEN),
+                )
+            ),
+        )
+        draft_worker = SimpleNamespace(
+            draft_tp_context=lambda group: contextlib.nullcontext(),
+            draft_runner=draft_runner,
+            topk=1,
+            cuda_graph_runner_for_draft_extend=None,
+        )
+        worker = SimpleNamespace(
+            target_worker=SimpleNamespace(
+                model_runner=target_model_runner,
+                forward_batch_generation=target_forward,
+            ),
+            draft_worker=draft_worker,
+            speculative_algorithm=SpeculativeAlgorithm.EAGLE,
+            topk=1,
+            server_args=SimpleNamespace(disable_cuda_graph=True),
+            req_to_token_pool=self.req_to_token_pool,
+            device="cpu",
+            gpu_id=0,
+            plan_stream=None,
+        )
+
+        def prepare_extend(extend_input, batch, predict, num_draft_tokens, *args):
+            extend_calls.append(
+                dict(
+                    hidden_states=extend_input.hidden_states,
+                    predict=predict.tolist(),
+                    num_draft_tokens=num_draft_tokens,
+                    seq_lens=batch.seq_lens.tolist(),
+                    seq_lens_cpu=batch.seq_lens_cpu.tolist(),
+                    seq_lens_sum=batch.seq_lens_sum,
+                    out_cache_loc=batch.out_cache_loc.tolist(),
+                )
+            )
+            return SimpleNamespace(spec_info=extend_input)
+
+        patches = [
+            mock.patch.object(torch.Tensor, "record_stream", lambda self, s: None),
+            mock.patch.object(
+                EagleDraftInput,
+                "prepare_for_extend_to_fill_draft_kvcache",
+                prepare_extend,
+            ),
+            mock.patch.object(
+                load_aware_v2,
+                "speculative_moe_backend_context",
+                contextlib.nullcontext,
+            ),
+            mock.patch.object(
+                load_aware_v2,
+                "speculative_moe_a2a_backend_context",
+                contextlib.nullcontext,
+            ),
+        ]
+        for patcher in patches:
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        return load_aware_v2.LoadAwarePlainDecodeV2(worker), graph_runner_seen
+
+    def test_forward(self):
+        target_calls, extend_calls = [], []
+        plain, graph_runner_seen = self.make_worker(target_calls, extend_calls)
+        batch = self.prefilled_batch()
+        seq_lens = batch.seq_lens.tolist()
+        batch.prepare_for_decode(FixedPolicy([False]))
+        mwb = batch.get_model_worker_batch()
+        # What FutureMap.resolve_future leaves on the draft input.
+        mwb.spec_info.bonus_tokens = torch.tensor(
+            [100, 101, 102, 103], dtype=torch.int32
+        )
+        out_cache_loc = mwb.out_cache_loc.tolist()
+
+        result = plain.forward(mwb)
+
+        # Target: a plain DECODE forward of the pending tokens, DECODE graphs.
+        (call,) = target_calls
+        self.assertTrue(call["forward_mode"].is_decode())
+        self.assertEqual(call["input_ids"].tolist(), [100, 101, 102, 103])
+        self.assertEqual(call["input_ids"].dtype, torch.int64)
+        self.assertIsNone(call["spec_info"])
+        self.assertEqual(call["capture_hidden_mode"], CaptureHiddenMode.FULL)
+        self.assertEqual(call["seq_lens"], [n + 1 for n in seq_lens])
+        self.assertEqual(graph_runner_seen, [None])  # --disable-cuda-graph: eager
+        self.assertEqual(
+            plain.target_decode_graphs.model_runner.graph_runner, "verify-graphs"
+        )
+
+        # Draft catch-up: one token per request from the pre-step length, at
+        # the slot the target wrote.
+        (call,) = extend_calls
+        self.assertEqual(call["num_draft_tokens"], 1)
+        self.assertEqual(call["predict"], [40, 41, 42, 43])
+        self.assertEqual(call["seq_lens"], seq_lens)
+        self.assertEqual(call["seq_lens_cpu"], seq_lens)
+        self.assertEqual(call["seq_lens_sum"], sum(seq_lens))
+        self.assertEqual(call["out_cache_loc"], out_cache_loc)
+        self.assertEqual(call["hidden_states"][:, 0].tolist(), [0, 1, 2, 3])
+
+        # The next draft input, for every request, as the future map stores it.
+        nxt = result.next_draft_input
+        self.assertEqual(nxt.bonus_tokens.tolist(), [40, 41, 42, 43])
+        self.assertEqual(nxt.new_seq_lens.tolist(), [n + 1 for n in seq_lens])
+        self.assertEqual(nxt.topk_index[:, 0].tolist(), [3, 4, 5, 6])
+        self.assertEqual(tuple(nxt.topk_p.shape), (4, 1))
+        self.assertEqual(tuple(nxt.hidden_states.shape), (4, self.DRAFT_HIDDEN))
+        self.assertIsNone(nxt.verify_done)
+        self.assertIsNone(result.accept_lens)
+        self.assertEqual(result.num_correct_drafts, 0)
 
 
 if __name__ == "__main__":

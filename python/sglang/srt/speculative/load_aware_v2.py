@@ -1,0 +1,325 @@
+"""Plain decode steps of a load-aware speculative EAGLE worker, spec v2 (overlap).
+
+The same capability as load_aware.py (v1), for EAGLEWorkerV2 (topk 1) under the
+overlap scheduler: the SpecPolicy (spec_policy.py) decides once per decode step,
+in ``ScheduleBatch.prepare_for_decode``, whether the step speculates
+(``batch.spec_step``); a plain step runs the target exactly like a decode step
+of a non-speculative overlap server and keeps the draft KV valid with a
+one-token draft extend.
+
+What overlap changes, and how it is handled:
+
+* **When the decision is taken.** The scheduler prepares step n+1 while step n
+  runs. The decision is a pure function of the running batch size at
+  preparation time (rank-identical: every TP rank holds the same batch) and is
+  taken exactly once per decode step (``prepare_for_decode`` is the only
+  caller of ``SpecPolicy.decide``). The worker only reads
+  ``ModelWorkerBatch.spec_step``.
+
+* **Inputs come from the future map.** The pending token of each request
+  (``bonus_tokens``) is produced by step n on the forward stream and reaches
+  step n+1 only through ``FutureMap.resolve_future`` (forward stream). A plain
+  step therefore keeps ``batch.spec_info`` (the EagleDraftInput carrying the
+  future indices) through preparation; the worker reads the resolved
+  ``bonus_tokens`` as input ids and clears ``spec_info`` only for the target
+  forward (attention backends must not take their draft paths in DECODE).
+  The worker returns a full next EagleDraftInput (bonus token = sampled token,
+  draft top-k and hidden state, ``new_seq_lens``) for every request, which
+  ``FutureMap.store_to_map`` stores exactly like a verify step's: the future
+  map is the same for both modes, and any step may follow any other.
+
+* **KV allocation** (``prepare_plain_decode_v2``): one slot per request, at
+  position ``seq_len`` (the exact length after waiting for step n's verify),
+  added to the request's allocation only when it does not own that slot yet
+  (a speculative step over-allocates ``2 * get_alloc_len_per_decode()``
+  beyond ``kv_committed_len``, so after one the slot is usually owned
+  already). Grows the allocation through the same page-aware
+  ``alloc_decode_kv_v2`` as a speculative step (``alloc_for_decode`` would
+  overwrite and leak over-allocated slots). ``kv_committed_len += 1`` as in a
+  non-speculative overlap server; the reservation check
+  (``new_tokens_required_next_decode``) is unchanged and keeps covering a
+  speculative step, which needs at least as much.
+
+* **Streams.** All plain-step GPU work runs on the forward stream; the plan
+  stream is not used. Speculative steps order their plan-stream work after
+  the forward stream through ``_draft_done_event`` (recorded after each
+  draft) and make the forward stream wait for the plan stream before using
+  its results, so work of a plain step before or after a speculative step is
+  ordered by the forward stream itself. A plain step still records a fresh
+  ``_draft_done_event`` at its end, so that the event the plan stream may
+  wait on is never older than the latest forward-stream work.
+
+* **Output path.** A plain step returns one sampled token per request without
+  ``accept_lens``; the scheduler's output processor takes the
+  non-speculative path for it (``batch.spec_step`` is False): no
+  ``_resolve_spec_overlap_tokens``, no accept-length statistics, no bonus-slot
+  correction of ``kv_committed_len``.
+
+State after a plain step: ``seq_len = L + 1``, target and draft KV valid for
+``[0, L + 1)``, the pending token = the sampled one, whose KV is not written
+yet: the invariant a verify step leaves, so the next step may speculate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, List
+
+import torch
+from sglang.srt.layers.moe.utils import (
+    speculative_moe_a2a_backend_context,
+    speculative_moe_backend_context,
+)
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.speculative.draft_utils import DraftBackendFactory
+from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.eagle_info_v2 import alloc_decode_kv_v2
+from sglang.srt.speculative.load_aware import (
+    TargetDecodeGraphs,
+    load_aware_worker_unsupported_reason,
+)
+from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
+from sglang.srt.utils.common import fast_topk
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------
+# Scheduler side: preparation of a plain step (called by
+# ScheduleBatch.prepare_for_decode once the policy has decided).
+# ---------------------------------------------------------------------------
+
+
+def plain_decode_kv_lens(
+    kv_allocated_lens: List[int], seq_lens: List[int]
+) -> List[int]:
+    """Per-request KV allocation after preparing a plain step. Pure.
+
+    The step writes the KV of position ``seq_len``: a request must own at
+    least ``seq_len + 1`` slots; slots it already owns (over-allocated by a
+    speculative step) are kept.
+    """
+    return [max(cur, n + 1) for cur, n in zip(kv_allocated_lens, seq_lens)]
+
+
+def prepare_plain_decode_v2(batch: ScheduleBatch) -> None:
+    """Prepare a plain decode step of a spec-v2 batch (runs on the schedule stream).
+
+    Leaves ``batch.spec_info`` in place (its future indices deliver the pending
+    tokens to the worker); ``batch.input_ids`` is set by the worker.
+    """
+    batch.maybe_evict_swa()
+    # seq_lens is the previous step's future value: wait for its verify.
+    batch.maybe_wait_verify_done()
+    seq_lens_cpu = batch.seq_lens.cpu()
+    bs = batch.batch_size()
+
+    # Penalties: the delayed accumulation of an overlap server (the previous
+    # step's tokens are not processed yet), as in a speculative v2 step.
+    if batch.sampling_info.penalizer_orchestrator.is_required:
+        delayed_output_ids = torch.tensor(
+            [
+                req.output_ids[-1] if len(req.output_ids) else req.origin_input_ids[-1]
+                for req in batch.reqs
+            ],
+            dtype=torch.int64,
+            device=batch.device,
+        )
+        batch.sampling_info.penalizer_orchestrator.cumulate_output_tokens(
+            delayed_output_ids
+        )
+
+    cur_kv_lens = [req.kv_allocated_len for req in batch.reqs]
+    nxt_kv_lens = plain_decode_kv_lens(cur_kv_lens, seq_lens_cpu.tolist())
+    for req, nxt in zip(batch.reqs, nxt_kv_lens):
+        req.kv_allocated_len = nxt
+        req.decode_batch_idx += 1
+        # Like a non-speculative decode step: the step's token is committed
+        # here, and its result does not correct it.
+        req.kv_committed_len += 1
+    alloc_decode_kv_v2(
+        batch,
+        cur_kv_lens,
+        nxt_kv_lens,
+        sum(nxt - cur for cur, nxt in zip(cur_kv_lens, nxt_kv_lens)),
+    )
+
+    # The KV slot of each request's position seq_len, written by this step.
+    batch.out_cache_loc = batch.req_to_token_pool.req_to_token[
+        batch.req_pool_indices, batch.seq_lens.to(torch.int64)
+    ].to(torch.int64)
+
+    # Overlap: no in-place updates (the previous step may still read them).
+    batch.seq_lens = batch.seq_lens + 1
+    batch.seq_lens_cpu = seq_lens_cpu + 1
+    batch.orig_seq_lens = batch.orig_seq_lens + 1
+    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+    assert len(batch.seq_lens_cpu) == bs
+
+
+# ---------------------------------------------------------------------------
+# Worker side.
+# ---------------------------------------------------------------------------
+
+
+class LoadAwarePlainDecodeV2:
+    """The plain-step path of an EAGLEWorkerV2 with load-aware speculation."""
+
+    def __init__(self, worker: EAGLEWorkerV2):
+        reason = load_aware_worker_unsupported_reason(worker)
+        if reason is None and worker.topk != 1:
+            reason = "the spec-v2 worker supports --speculative-eagle-topk 1 only"
+        if reason is not None:
+            raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
+
+        self.worker = worker
+        self.draft_worker = worker.draft_worker
+        self.target_decode_graphs = TargetDecodeGraphs(worker)
+        self.draft_extend_graph_runner = None
+        if self.target_decode_graphs.graph_runner is not None:
+            self.draft_extend_graph_runner = self._capture_draft_extend_graphs()
+
+        # Constant per-request inputs of the draft catch-up (1 accepted token,
+        # 0 correct drafts), sliced per step. Read-only.
+        max_bs = worker.req_to_token_pool.size
+        self._num_correct_drafts = torch.zeros(
+            (max_bs,), dtype=torch.int32, device=worker.device
+        )
+        self._num_accept_tokens = torch.ones(
+            (max_bs,), dtype=torch.int32, device=worker.device
+        )
+
+    def _capture_draft_extend_graphs(self):
+        """A DRAFT_EXTEND_V2 graph family at one token per request.
+
+        The speculative draft-extend graphs have ``steps + 1`` tokens per
+        request and no ragged padding in DRAFT_EXTEND_V2; a plain step extends
+        one token per request, at every batch size. Attention backends read
+        the step counts at construction, so the backend and runner are built
+        with the worker state temporarily set to (steps 0, 1 draft token), the
+        way upstream builds adaptive runtime states.
+        """
+        worker, draft_worker = self.worker, self.draft_worker
+        spec_runner = draft_worker.cuda_graph_runner_for_draft_extend
+        if spec_runner is None:
+            logger.warning(
+                "Load-aware speculation: no draft-extend cuda graph for this "
+                "attention backend; the draft catch-up of plain steps runs eagerly."
+            )
+            return None
+        tic = time.perf_counter()
+        before_mem = get_available_gpu_memory(worker.device, worker.gpu_id)
+        with (
+            draft_worker.draft_tp_context(draft_worker.draft_runner.tp_group),
+            speculative_moe_backend_context(),
+            speculative_moe_a2a_backend_context(),
+            worker._override_worker_state(0, 1),
+        ):
+            attn_backend = DraftBackendFactory(
+                worker.server_args, draft_worker.draft_runner, draft_worker.topk, 0
+            ).create_draft_extend_backend()
+            graph_runner = type(spec_runner)(
+                draft_worker,
+                draft_extend_attn_backend=attn_backend,
+                speculative_num_steps=0,
+            )
+        after_mem = get_available_gpu_memory(worker.device, worker.gpu_id)
+        log_info_on_rank0(
+            logger,
+            "Capture draft-extend cuda graphs for plain steps (1 token per "
+            f"request) end. Time elapsed: {time.perf_counter() - tic:.2f} s. "
+            f"bs={graph_runner.capture_bs}. "
+            f"mem usage={(before_mem - after_mem):.2f} GB.",
+        )
+        return graph_runner
+
+    def forward(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        """Run one plain decode step (forward stream); returns the target result
+        with ``next_draft_input`` set for the future map."""
+        assert batch.forward_mode.is_decode() and not batch.spec_step
+        worker = self.worker
+        device_module = torch.get_device_module(worker.device)
+        draft_input: EagleDraftInput = batch.spec_info  # resolved by the future map
+        # Allocated on the schedule stream, used on this one (as in verify()).
+        batch.seq_lens.record_stream(device_module.current_stream())
+        new_seq_lens = batch.seq_lens  # [bs], counts this step's token
+
+        # 1. Target: the decode forward and sampling of a server without
+        # speculation, plus the hidden state of the new token for the draft.
+        batch.input_ids = draft_input.bonus_tokens.to(torch.int64)  # [bs]
+        batch.spec_info = None
+        batch.capture_hidden_mode = CaptureHiddenMode.FULL
+        with self.target_decode_graphs.active():
+            result = worker.target_worker.forward_batch_generation(batch)
+        assert result.delay_sample_func is None
+
+        # 2. Draft KV catch-up at the slot of this step, and the next draft input.
+        with (
+            self.draft_worker.draft_tp_context(self.draft_worker.draft_runner.tp_group),
+            speculative_moe_backend_context(),
+            speculative_moe_a2a_backend_context(),
+        ):
+            result.next_draft_input = self._draft_extend(batch, result, new_seq_lens)
+
+        # Keep the event the plan stream may wait on current (module docstring).
+        if worker.plan_stream:
+            worker._draft_done_event = device_module.Event()
+            worker._draft_done_event.record()
+        return result
+
+    def _draft_extend(
+        self,
+        batch: ModelWorkerBatch,
+        result: GenerationBatchResult,
+        new_seq_lens: torch.Tensor,
+    ) -> EagleDraftInput:
+        """One draft-extend token per request: at p = L (the position the target
+        just decoded), the draft consumes (token at p + 1 = the sampled token,
+        target hidden state at p) and writes its KV at the slot of p."""
+        draft_worker = self.draft_worker
+        bs = len(new_seq_lens)
+        # prepare_for_extend_to_fill_draft_kvcache extends from seq_lens.
+        batch.seq_lens = new_seq_lens - 1
+        batch.seq_lens_cpu = batch.seq_lens_cpu - 1
+        batch.seq_lens_sum -= bs
+        extend_input = EagleDraftInput(
+            # [bs, target hidden size (x num aux layers for EAGLE-3)]
+            hidden_states=result.logits_output.hidden_states,
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
+        )
+        forward_batch = extend_input.prepare_for_extend_to_fill_draft_kvcache(
+            batch,
+            result.next_token_ids,  # [bs]
+            1,
+            draft_worker.draft_runner,
+            self.draft_extend_graph_runner,
+        )
+        # The draft's logprobs are never used (as in _draft_extend_for_prefill).
+        forward_batch.return_logprob = False
+        forward_batch.spec_info.num_correct_drafts = self._num_correct_drafts[:bs]
+        forward_batch.spec_info.num_accept_tokens = self._num_accept_tokens[:bs]
+
+        graph_runner = self.draft_extend_graph_runner
+        if graph_runner is not None and graph_runner.can_run(forward_batch):
+            logits_output = graph_runner.replay(forward_batch)
+        else:
+            logits_output = draft_worker.draft_runner.forward(
+                forward_batch, skip_attn_backend_init=True
+            ).logits_output
+
+        probs = torch.softmax(logits_output.next_token_logits, dim=-1)  # [bs, vocab]
+        topk_p, topk_index = fast_topk(probs, draft_worker.topk, dim=-1)
+        return EagleDraftInput(
+            topk_p=topk_p,  # [bs, 1]
+            topk_index=topk_index,  # [bs, 1]
+            hidden_states=logits_output.hidden_states,  # [bs, draft hidden size]
+            bonus_tokens=result.next_token_ids,  # [bs]
+            new_seq_lens=new_seq_lens,  # [bs]
+        )
