@@ -8,6 +8,7 @@ of speculative and plain engines can be compared token by token.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import subprocess
@@ -27,6 +28,30 @@ TEST_ENGINE_DEFAULTS: Dict[str, object] = dict(
     random_seed=0,
     log_level="warning",
 )
+
+
+# Enough for ServerArgs and ModelConfig on CPU (scheduler bookkeeping tests).
+TINY_LLAMA_CONFIG: Dict[str, object] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+}
+
+
+def tiny_llama_config_dir() -> tempfile.TemporaryDirectory:
+    """A temporary model directory holding only TINY_LLAMA_CONFIG as config.json."""
+    tmpdir = tempfile.TemporaryDirectory()
+    with open(os.path.join(tmpdir.name, "config.json"), "w") as f:
+        json.dump(TINY_LLAMA_CONFIG, f)
+    return tmpdir
 
 
 def synthetic_pair(

@@ -7,9 +7,6 @@ worker on plain and speculative steps, the KV reservation, and filter_batch
 after each kind of step. page_size > 1 needs triton kernels: GPU tests cover it.
 """
 
-import json
-import os
-import tempfile
 import unittest
 
 import torch
@@ -26,23 +23,11 @@ from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import SpecPolicy
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
-TINY_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "bfloat16",
-}
 PROMPT_LENS = [3, 5, 2, 4]
 HIDDEN = 64
 TOPK = 2
@@ -64,9 +49,7 @@ class LoadAwareBatchTestBase(CustomTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.tmpdir = tempfile.TemporaryDirectory()
-        with open(os.path.join(cls.tmpdir.name, "config.json"), "w") as f:
-            json.dump(TINY_LLAMA_CONFIG, f)
+        cls.tmpdir = tiny_llama_config_dir()
         spec_kwargs = {}
         if cls.speculative_algorithm is not None:
             spec_kwargs = dict(

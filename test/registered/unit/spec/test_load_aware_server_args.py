@@ -5,9 +5,6 @@ config; no server, no weights, no GPU.
 """
 
 import argparse
-import json
-import os
-import tempfile
 import unittest
 from dataclasses import MISSING, fields
 from types import SimpleNamespace
@@ -21,23 +18,10 @@ from sglang.srt.speculative.spec_policy import (
     resolve_load_aware_server_args,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
-
-TINY_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "bfloat16",
-}
 
 
 def default_args_namespace(**overrides):
@@ -217,9 +201,7 @@ class TestLoadAwareServerArgs(CustomTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.tmpdir = tempfile.TemporaryDirectory()
-        with open(os.path.join(cls.tmpdir.name, "config.json"), "w") as f:
-            json.dump(TINY_LLAMA_CONFIG, f)
+        cls.tmpdir = tiny_llama_config_dir()
 
     @classmethod
     def tearDownClass(cls):

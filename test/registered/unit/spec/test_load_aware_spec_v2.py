@@ -12,10 +12,7 @@ future indices, and the routing of plain steps in the output processor.
 """
 
 import contextlib
-import json
-import os
 import random
-import tempfile
 import unittest
 from types import SimpleNamespace
 from unittest import mock
@@ -42,23 +39,11 @@ from sglang.srt.speculative.load_aware_v2 import plain_decode_kv_lens
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import SpecDecision
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.spec_engine_utils import TINY_LLAMA_CONFIG, tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
-TINY_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "bfloat16",
-}
 PROMPT_LENS = [3, 5, 2, 4]
 NUM_STEPS, NUM_DRAFT_TOKENS = 3, 4
 POOL_SIZE = 1024
@@ -94,9 +79,7 @@ class FixedPolicy:
 class SpecV2BatchTestBase(CustomTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmpdir = tempfile.TemporaryDirectory()
-        with open(os.path.join(cls.tmpdir.name, "config.json"), "w") as f:
-            json.dump(TINY_LLAMA_CONFIG, f)
+        cls.tmpdir = tiny_llama_config_dir()
         with envs.SGLANG_ENABLE_SPEC_V2.override(True):
             cls.server_args = ServerArgs(
                 model_path=cls.tmpdir.name,
