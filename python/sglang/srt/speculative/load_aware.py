@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional, Tuple
 
 import torch
 from sglang.srt.layers.moe.utils import (
@@ -59,6 +59,25 @@ if TYPE_CHECKING:
     from sglang.srt.speculative.eagle_worker import EAGLEWorker
 
 logger = logging.getLogger(__name__)
+
+
+def check_load_aware_worker(worker: EAGLEWorker) -> None:
+    """Refuse at startup what the plain step cannot serve (v1 and v2 workers)."""
+    reason = load_aware_worker_unsupported_reason(worker)
+    if reason is not None:
+        raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
+
+
+def one_token_accept_counts(
+    max_bs: int, device: torch.device
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(num_correct_drafts = 0, num_accept_tokens = 1) per request of a plain
+    step's draft extend, each [max_bs] int32: allocated once, sliced per step
+    (no hot-path allocations), never modified in place."""
+    return (
+        torch.zeros((max_bs,), dtype=torch.int32, device=device),
+        torch.ones((max_bs,), dtype=torch.int32, device=device),
+    )
 
 
 def load_aware_worker_unsupported_reason(worker: EAGLEWorker) -> Optional[str]:
@@ -146,25 +165,15 @@ class LoadAwarePlainDecode:
     """The plain-step path of an EAGLEWorker with load-aware speculation."""
 
     def __init__(self, worker: EAGLEWorker):
-        reason = load_aware_worker_unsupported_reason(worker)
-        if reason is not None:
-            raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
-
+        check_load_aware_worker(worker)
         self.worker = worker
         self.target_decode_graphs = TargetDecodeGraphs(worker)
         self.target_graph_runner = self.target_decode_graphs.graph_runner
         if self.target_graph_runner is not None:
             self._check_draft_extend_graph_coverage()
 
-        # Constant per-request inputs of the draft catch-up (1 accepted token,
-        # 0 correct drafts), sliced per step to avoid hot-path allocations.
-        # Read-only: never modified in place by the draft-extend path.
-        max_bs = worker.req_to_token_pool.size
-        self._num_correct_drafts = torch.zeros(
-            (max_bs,), dtype=torch.int32, device=worker.device
-        )
-        self._num_accept_tokens = torch.ones(
-            (max_bs,), dtype=torch.int32, device=worker.device
+        self._num_correct_drafts, self._num_accept_tokens = one_token_accept_counts(
+            worker.req_to_token_pool.size, worker.device
         )
 
     def _check_draft_extend_graph_coverage(self) -> None:

@@ -74,10 +74,14 @@ from sglang.srt.layers.moe.utils import (
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.draft_utils import DraftBackendFactory
 from sglang.srt.speculative.eagle_info import EagleDraftInput
-from sglang.srt.speculative.eagle_info_v2 import alloc_decode_kv_v2
+from sglang.srt.speculative.eagle_info_v2 import (
+    accumulate_delayed_penalties,
+    alloc_decode_kv_v2,
+)
 from sglang.srt.speculative.load_aware import (
     TargetDecodeGraphs,
-    load_aware_worker_unsupported_reason,
+    check_load_aware_worker,
+    one_token_accept_counts,
 )
 from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
 from sglang.srt.utils.common import fast_topk
@@ -120,20 +124,7 @@ def prepare_plain_decode_v2(batch: ScheduleBatch) -> None:
     seq_lens_cpu = batch.seq_lens.cpu()
     bs = batch.batch_size()
 
-    # Penalties: the delayed accumulation of an overlap server (the previous
-    # step's tokens are not processed yet), as in a speculative v2 step.
-    if batch.sampling_info.penalizer_orchestrator.is_required:
-        delayed_output_ids = torch.tensor(
-            [
-                req.output_ids[-1] if len(req.output_ids) else req.origin_input_ids[-1]
-                for req in batch.reqs
-            ],
-            dtype=torch.int64,
-            device=batch.device,
-        )
-        batch.sampling_info.penalizer_orchestrator.cumulate_output_tokens(
-            delayed_output_ids
-        )
+    accumulate_delayed_penalties(batch)  # as in a speculative v2 step
 
     cur_kv_lens = [req.kv_allocated_len for req in batch.reqs]
     nxt_kv_lens = plain_decode_kv_lens(cur_kv_lens, seq_lens_cpu.tolist())
@@ -172,12 +163,7 @@ class LoadAwarePlainDecodeV2:
     """The plain-step path of an EAGLEWorkerV2 with load-aware speculation."""
 
     def __init__(self, worker: EAGLEWorkerV2):
-        reason = load_aware_worker_unsupported_reason(worker)
-        if reason is None and worker.topk != 1:
-            reason = "the spec-v2 worker supports --speculative-eagle-topk 1 only"
-        if reason is not None:
-            raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
-
+        check_load_aware_worker(worker)  # topk > 1 never reaches the v2 worker
         self.worker = worker
         self.draft_worker = worker.draft_worker
         self.target_decode_graphs = TargetDecodeGraphs(worker)
@@ -185,14 +171,8 @@ class LoadAwarePlainDecodeV2:
         if self.target_decode_graphs.graph_runner is not None:
             self.draft_extend_graph_runner = self._capture_draft_extend_graphs()
 
-        # Constant per-request inputs of the draft catch-up (1 accepted token,
-        # 0 correct drafts), sliced per step. Read-only.
-        max_bs = worker.req_to_token_pool.size
-        self._num_correct_drafts = torch.zeros(
-            (max_bs,), dtype=torch.int32, device=worker.device
-        )
-        self._num_accept_tokens = torch.ones(
-            (max_bs,), dtype=torch.int32, device=worker.device
+        self._num_correct_drafts, self._num_accept_tokens = one_token_accept_counts(
+            worker.req_to_token_pool.size, worker.device
         )
 
     def _capture_draft_extend_graphs(self):
