@@ -27,8 +27,10 @@ EDITED = "python/sglang/srt/speculative/spec_info.py"
 
 
 def git(cwd: Path, *args: str) -> str:
+    """Run git with a fixed identity (commits in scratch repositories)."""
+    identity = ["-c", "user.name=t", "-c", "user.email=t@t"]
     return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+        ["git", *identity, *args], cwd=cwd, check=True, capture_output=True, text=True
     ).stdout
 
 
@@ -50,16 +52,7 @@ class ScratchFork:
         (self.root / "patches").mkdir(exist_ok=True)
         git(self.root, "init", "-q")
         git(self.root, "add", "-A")
-        git(
-            self.root,
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-qm",
-            "fork",
-        )
+        git(self.root, "commit", "-qm", "fork")
         self.env = dict(os.environ, SGLANG_FORK_UPSTREAM_WHEEL=str(wheel))
 
     def fork(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
@@ -202,25 +195,8 @@ class TestForkTool(unittest.TestCase):
         (upstream / "python" / ".complete").unlink()
         git(upstream, "init", "-q")
         git(upstream, "add", "-A")
-        git(
-            upstream,
-            "-c",
-            "user.name=u",
-            "-c",
-            "user.email=u@u",
-            "commit",
-            "-qm",
-            "upstream",
-        )
-        git(
-            upstream,
-            "-c",
-            "user.name=u",
-            "-c",
-            "user.email=u@u",
-            "am",
-            *map(str, sorted(out.glob("*.patch"))),
-        )
+        git(upstream, "commit", "-qm", "upstream")
+        git(upstream, "am", *map(str, sorted(out.glob("*.patch"))))
         num_patches = len(list(self.repo.path("patches").glob("*.patch")))
         self.assertEqual(
             len(git(upstream, "log", "--oneline").splitlines()), 2 + num_patches
