@@ -5,8 +5,13 @@ One fresh server process per config (the previous one killed and the GPU checked
 concurrency is swept inside it. Writes raw JSON, a markdown table, a PNG plot and
 summary.json into OUT_DIR/<date>-<model>/.
 
+Runs may be split: each finished config is merged into the results already in
+OUT_DIR/<date>-<model>/ (a config measured again replaces its old record), so configs can
+be measured over several invocations, or at once on separate GPUs (CUDA_VISIBLE_DEVICES
+and --url per invocation).
+
 Usage:
-  python benchmark/dynamic_spec/bench_sweep.py --preset llama8b --draft-accept 0.8
+  python benchmark/dynamic_spec/bench_sweep.py --preset llama8b --draft-accept 0.95
       --configs nospec,eagle3-topk4,loadaware-topk4 --concurrency 1,2,4,8,16,32,64,128,256
 """
 
@@ -16,6 +21,7 @@ import argparse
 import asyncio
 import dataclasses
 import datetime
+import fcntl
 import json
 import os
 import random
@@ -64,7 +70,9 @@ def build_configs(disable_threshold: int) -> Dict[str, Config]:
             Config("nospec", [], {}),
             Config("eagle3-topk1", TOPK1, {}),
             Config("eagle3-topk4", TOPK4, {}),
-            Config("loadaware-topk1", TOPK1 + load_aware, V1, load_aware=True),
+            # topk 1 runs on the spec-v2 overlap worker, like eagle3-topk1.
+            Config("loadaware-topk1", TOPK1 + load_aware, {}, load_aware=True),
+            Config("loadaware-topk1-v1", TOPK1 + load_aware, V1, load_aware=True),
             Config("loadaware-topk4", TOPK4 + load_aware, {}, load_aware=True),
             Config("upstream-adaptive-topk1", TOPK1 + ["--speculative-adaptive"], {}),
         ]
@@ -180,13 +188,14 @@ def spec_step_share(config: Config, before: dict, after: dict) -> float:
 
 
 def wait_gpu_idle(max_used_mib: int = 2048, timeout: float = 120) -> None:
+    """Wait until the GPUs this process may use hold no other server."""
+    query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        query.append(f"--id={visible}")
     deadline = time.time() + timeout
     while time.time() < deadline:
-        used = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-        ).stdout.split()
+        used = subprocess.run(query, capture_output=True, text=True).stdout.split()
         if used and max(int(u) for u in used) <= max_used_mib:
             return
         time.sleep(2)
@@ -269,7 +278,8 @@ def run_ramp(args, config: Config, prompts: List[List[int]]) -> dict:
     }
 
 
-def markdown_table(records: List[dict], concurrency: List[int]) -> str:
+def markdown_table(records: List[dict]) -> str:
+    concurrency = sorted({p["concurrency"] for r in records for p in r["points"]})
     lines = [
         "| config | KV tokens | ramp tok/s | "
         + " | ".join(f"C={c}" for c in concurrency)
@@ -279,7 +289,11 @@ def markdown_table(records: List[dict], concurrency: List[int]) -> str:
     for record in records:
         by_c = {p["concurrency"]: p for p in record["points"]}
         cells = [
-            f"{by_c[c]['output_tok_s']:.0f} ({by_c[c]['spec_step_share']:.0%} spec)"
+            (
+                f"{by_c[c]['output_tok_s']:.0f} ({by_c[c]['spec_step_share']:.0%} spec)"
+                if c in by_c
+                else "-"
+            )
             for c in concurrency
         ]
         lines.append(
@@ -294,7 +308,11 @@ def markdown_table(records: List[dict], concurrency: List[int]) -> str:
 
 
 def plot(records: List[dict], path: str, title: str) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not installed: no plot; render it elsewhere with --render")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -338,17 +356,38 @@ def describe_run(model: str) -> Dict[str, str]:
     }
 
 
-def write_results(
-    out_root: str, concurrency: List[int], records: List[dict], header: Dict[str, str]
-) -> str:
-    out_dir = os.path.join(
-        out_root, f"{datetime.date.today().isoformat()}-{header['model']}"
-    )
+def results_dir(out_root: str, model: str) -> str:
+    return os.path.join(out_root, f"{datetime.date.today().isoformat()}-{model}")
+
+
+def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dict]:
+    """Add a finished config to raw.json (replacing an older record of it); returns
+    all records, in config order. Locked: invocations on other GPUs may write too."""
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "raw.json"), "w") as f:
-        json.dump({**header, "records": records}, f, indent=1)
+    order = list(build_configs(disable_threshold=2))
+    with open(os.path.join(out_dir, "raw.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        raw_path = os.path.join(out_dir, "raw.json")
+        records = {}
+        if os.path.exists(raw_path):
+            with open(raw_path) as f:
+                records = {r["config"]: r for r in json.load(f)["records"]}
+        records[record["config"]] = {**record, **header}
+        merged = sorted(records.values(), key=lambda r: order.index(r["config"]))
+        with open(raw_path, "w") as f:
+            json.dump({"model": header["model"], "records": merged}, f, indent=1)
+    return merged
+
+
+def write_results(out_dir: str, records: List[dict]) -> None:
+    """summary.json, results.md and throughput.png of the records of one model."""
+    model = records[0]["model"]
+    gpus = sorted({r["gpu"] for r in records})
+    commits = sorted({r["commit"] for r in records})
     summary = {
-        **{k: header[k] for k in ("model", "gpu", "commit")},
+        "model": model,
+        "gpu": ", ".join(gpus),
+        "commit": ", ".join(commits),
         "points": [
             {
                 k: p[k]
@@ -375,14 +414,12 @@ def write_results(
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(
-            f"# {header['model']} on {header['gpu']}\n\ncommit {header['commit']}\n\n"
-        )
-        f.write(f"`{header['command']}`\n\n")
-        f.write(markdown_table(records, concurrency))
-    title = f"{header['model']} on {header['gpu']}"
-    plot(records, os.path.join(out_dir, "throughput.png"), title)
-    return out_dir
+        f.write(f"# {model} on {summary['gpu']}\n\n")
+        f.write(markdown_table(records))
+        f.write("\nCommands (commit):\n\n")
+        for r in records:
+            f.write(f"- {r['config']}: `{r['command']}` ({r['commit']})\n")
+    plot(records, os.path.join(out_dir, "throughput.png"), f"{model} on {summary['gpu']}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -419,6 +456,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mem-fraction-static", type=float, default=0.8)
     parser.add_argument("--url", default="http://127.0.0.1:31000")
     parser.add_argument(
+        "--render",
+        metavar="RESULTS_DIR",
+        help="only rewrite summary.json, results.md and the plot from RESULTS_DIR/raw.json",
+    )
+    parser.add_argument(
         "--out-dir",
         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
     )
@@ -427,7 +469,14 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.render:
+        with open(os.path.join(args.render, "raw.json")) as f:
+            write_results(args.render, json.load(f)["records"])
+        return
     configs = build_configs(args.disable_threshold)
+    unknown = set(args.configs.split(",")) - set(configs)
+    if unknown:
+        sys.exit(f"unknown configs {sorted(unknown)}; known: {list(configs)}")
     target, draft = synthetic_pair(args.preset, args.draft_accept)
     num_prompts = max(
         args.min_requests, args.requests_per_concurrency * max(args.concurrency)
@@ -437,14 +486,12 @@ def main() -> None:
         [rng.randrange(3, 1000) for _ in range(args.input_len)]
         for _ in range(num_prompts)
     ]
-    records = [
-        run_config(args, configs[name], target, draft, prompts)
-        for name in args.configs.split(",")
-    ]
     header = describe_run(f"{args.preset}-p{args.draft_accept}")
-    print(
-        f"results in {write_results(args.out_dir, args.concurrency, records, header)}"
-    )
+    out_dir = results_dir(args.out_dir, header["model"])
+    for name in args.configs.split(","):
+        record = run_config(args, configs[name], target, draft, prompts)
+        write_results(out_dir, merge_record(out_dir, record, header))
+        print(f"{name}: results in {out_dir}", flush=True)
 
 
 if __name__ == "__main__":

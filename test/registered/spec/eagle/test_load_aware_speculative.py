@@ -17,6 +17,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 import requests
+import torch
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.spec_engine_utils import (
     LEAK_CHECK_ENV,
@@ -268,6 +269,15 @@ class TestLoadAwareRampTree(RampMixin, LoadAwareServerBase):
         retracted = metric_total(after, "sglang:num_retracted_requests_total")
         self.assertEqual(retracted, 0, "retractions during the ramp")
         self.assert_server_alive_and_idle_clean()
+
+
+@unittest.skipIf(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, "needs 2 GPUs"
+)
+class TestLoadAwareRampTreeTP2(TestLoadAwareRampTree):
+    """The ramp at tensor parallelism 2: every rank must take the same decision per step."""
+
+    extra_args = ["--tp-size", "2"]
 
 
 class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):

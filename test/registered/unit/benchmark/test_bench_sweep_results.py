@@ -70,35 +70,36 @@ class TestBenchSweepResults(CustomTestCase):
             self.bench.spec_step_share(configs["eagle3-topk4"], {}, {}), 1.0
         )
 
-    def test_write_results_produces_summary_table_and_plot(self):
-        records = []
-        for name, speed in (("nospec", 100.0), ("loadaware-topk4", 150.0)):
-            points = [
-                dict(
-                    config=name,
-                    concurrency=c,
-                    output_tok_s=speed * c,
-                    tpot_p50_ms=10.0,
-                    tpot_p99_ms=12.0,
-                    ttft_p50_ms=30.0,
-                    accept_length=None if name == "nospec" else 2.5,
-                    spec_step_share=0.0 if name == "nospec" else 0.5,
-                    num_requests=16,
-                )
-                for c in (1, 8)
-            ]
-            ramp = {"config": name, "output_tok_s": speed * 4, "phases": []}
-            records.append(
-                dict(config=name, points=points, ramp=ramp, kv_capacity_tokens=1000)
+    def record(self, name: str, speed: float, commit: str = "abc") -> dict:
+        points = [
+            dict(
+                config=name,
+                concurrency=c,
+                output_tok_s=speed * c,
+                tpot_p50_ms=10.0,
+                tpot_p99_ms=12.0,
+                ttft_p50_ms=30.0,
+                accept_length=None if name == "nospec" else 2.5,
+                spec_step_share=0.0 if name == "nospec" else 0.5,
+                num_requests=16,
             )
-        header = {
-            "model": "tiny-p0.8",
-            "gpu": "none",
-            "commit": "abc",
-            "command": "bench",
-        }
-        with tempfile.TemporaryDirectory() as out_root:
-            out_dir = self.bench.write_results(out_root, [1, 8], records, header)
+            for c in (1, 8)
+        ]
+        ramp = {"config": name, "output_tok_s": speed * 4, "phases": []}
+        return dict(config=name, points=points, ramp=ramp, kv_capacity_tokens=1000)
+
+    def header(self, commit: str) -> dict:
+        return {"model": "tiny-p0.8", "gpu": "none", "commit": commit, "command": "b"}
+
+    def test_write_results_produces_summary_table_and_plot(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            self.bench.merge_record(
+                out_dir, self.record("loadaware-topk4", 150.0), self.header("abc")
+            )
+            records = self.bench.merge_record(
+                out_dir, self.record("nospec", 100.0), self.header("abc")
+            )
+            self.bench.write_results(out_dir, records)
             summary = json.loads(Path(out_dir, "summary.json").read_text())
             self.assertEqual(len(summary["points"]), 4)
             self.assertTrue(
@@ -116,6 +117,24 @@ class TestBenchSweepResults(CustomTestCase):
             )
             self.assertGreater(os.path.getsize(Path(out_dir, "throughput.png")), 1000)
 
+    def test_a_config_measured_again_replaces_its_record(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            self.bench.merge_record(
+                out_dir, self.record("nospec", 100.0), self.header("old")
+            )
+            self.bench.merge_record(
+                out_dir, self.record("eagle3-topk4", 90.0), self.header("old")
+            )
+            records = self.bench.merge_record(
+                out_dir, self.record("nospec", 120.0), self.header("new")
+            )
+            self.assertEqual(
+                [(r["config"], r["commit"]) for r in records],
+                [("nospec", "new"), ("eagle3-topk4", "old")],
+            )
+            self.assertEqual(records[0]["points"][0]["output_tok_s"], 120.0)
+            saved = json.loads(Path(out_dir, "raw.json").read_text())["records"]
+            self.assertEqual(saved, records)
 
 if __name__ == "__main__":
     unittest.main()
