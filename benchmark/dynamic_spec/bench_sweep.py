@@ -187,15 +187,24 @@ def spec_step_share(config: Config, before: dict, after: dict) -> float:
     return spec / (spec + plain) if spec + plain else 0.0
 
 
-def wait_gpu_idle(max_used_mib: int = 2048, timeout: float = 120) -> None:
-    """Wait until the GPUs this process may use hold no other server."""
-    query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+def visible_gpu_query(field: str) -> List[str]:
+    """One nvidia-smi field per GPU this process may use (CUDA_VISIBLE_DEVICES)."""
+    query = ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         query.append(f"--id={visible}")
+    try:
+        result = subprocess.run(query, capture_output=True, text=True)
+    except FileNotFoundError:
+        return []
+    return result.stdout.strip().splitlines() if result.returncode == 0 else []
+
+
+def wait_gpu_idle(max_used_mib: int = 2048, timeout: float = 120) -> None:
+    """Wait until the GPUs this process may use hold no other server."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        used = subprocess.run(query, capture_output=True, text=True).stdout.split()
+        used = visible_gpu_query("memory.used")
         if used and max(int(u) for u in used) <= max_used_mib:
             return
         time.sleep(2)
@@ -336,22 +345,17 @@ def plot(records: List[dict], path: str, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def command_output(*command: str) -> str:
-    """A command's stdout, or "unknown" where it is missing or fails."""
-    try:
-        result = subprocess.run(command, capture_output=True, text=True)
-    except FileNotFoundError:
-        return "unknown"
+def git_commit() -> str:
+    result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
     return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
 def describe_run(model: str) -> Dict[str, str]:
+    gpus = visible_gpu_query("name")
     return {
         "model": model,
-        "gpu": command_output(
-            "nvidia-smi", "--query-gpu=name", "--format=csv,noheader"
-        ),
-        "commit": command_output("git", "rev-parse", "HEAD"),
+        "gpu": f"{len(gpus)} x {gpus[0]}" if len(set(gpus)) == 1 else ", ".join(gpus),
+        "commit": git_commit(),
         "command": " ".join([sys.executable] + sys.argv),
     }
 
