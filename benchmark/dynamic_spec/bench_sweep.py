@@ -244,6 +244,8 @@ def run_config(
             for concurrency in tqdm(args.concurrency, desc=config.name)
         ]
         record["ramp"] = run_ramp(args, config, prompts)
+        if args.profile_concurrency:
+            record["profile_dir"] = asyncio.run(profile_steps(args, config, prompts))
         return record
 
 
@@ -262,6 +264,34 @@ def measure_point(
         spec_step_share=spec_step_share(config, before, server_state(args.url)),
     )
     return point
+
+
+async def profile_steps(args, config: Config, prompts: List[List[int]]) -> str:
+    """A torch profile (CPU and GPU) of --profile-steps decode steps at a steady batch of
+    --profile-concurrency requests, written by the server next to the results."""
+    profile_dir = os.path.join(
+        os.path.abspath(results_dir(args.out_dir, args.model_name)),
+        "profiles",
+        f"{config.name}-c{args.profile_concurrency}",
+    )
+    deadline = time.perf_counter() + args.profile_load_seconds
+    load = asyncio.create_task(
+        closed_loop(
+            args.url, prompts * 8, args.output_len, args.profile_concurrency, deadline
+        )
+    )
+    await asyncio.sleep(args.profile_load_seconds / 3)  # past the first prefills
+    async with aiohttp.ClientSession() as session:
+        request = {
+            "output_dir": profile_dir,
+            "num_steps": args.profile_steps,
+            "activities": ["CPU", "GPU"],
+            "profile_prefix": config.name,
+        }
+        async with session.post(f"{args.url}/start_profile", json=request) as response:
+            response.raise_for_status()
+    await load
+    return profile_dir
 
 
 def run_ramp(args, config: Config, prompts: List[List[int]]) -> dict:
@@ -456,6 +486,13 @@ def parse_args() -> argparse.Namespace:
         default=[1, 4, 16, 64, 128],
     )
     parser.add_argument("--ramp-phase-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--profile-concurrency",
+        type=int,
+        help="also record a torch profile of each config at this concurrency",
+    )
+    parser.add_argument("--profile-steps", type=int, default=8)
+    parser.add_argument("--profile-load-seconds", type=float, default=12.0)
     parser.add_argument("--attention-backend", default="triton")
     parser.add_argument("--mem-fraction-static", type=float, default=0.8)
     parser.add_argument("--url", default="http://127.0.0.1:31000")
@@ -468,7 +505,9 @@ def parse_args() -> argparse.Namespace:
         "--out-dir",
         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.model_name = f"{args.preset}-p{args.draft_accept}"
+    return args
 
 
 def main() -> None:
@@ -490,8 +529,8 @@ def main() -> None:
         [rng.randrange(3, 1000) for _ in range(args.input_len)]
         for _ in range(num_prompts)
     ]
-    header = describe_run(f"{args.preset}-p{args.draft_accept}")
-    out_dir = results_dir(args.out_dir, header["model"])
+    header = describe_run(args.model_name)
+    out_dir = results_dir(args.out_dir, args.model_name)
     for name in args.configs.split(","):
         record = run_config(args, configs[name], target, draft, prompts)
         write_results(out_dir, merge_record(out_dir, record, header))

@@ -83,6 +83,9 @@ def synthetic_pair(
             device=device,
             draft_kv_check=draft_kv_check,
         )
+        if device == "cuda":
+            # Servers launched next by this process need the memory.
+            torch.cuda.empty_cache()
     return os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
 
 
