@@ -156,11 +156,13 @@ def running_server(
     other_args: Sequence[str],
     env: Optional[Dict[str, str]] = None,
     base_url: Optional[str] = None,
+    log_path: Optional[str] = None,
 ) -> Iterator[Tuple[str, "subprocess.Popen"]]:
     """``python -m sglang.launch_server``, healthy on entry, killed on exit.
 
     Launched through the interpreter rather than the ``sglang`` console script so that
-    it also runs from a source tree on PYTHONPATH.
+    it also runs from a source tree on PYTHONPATH. ``log_path``: write the server's
+    output there instead of to this process's stdout and stderr.
     """
     from urllib.parse import urlparse
 
@@ -174,12 +176,19 @@ def running_server(
     url = urlparse(base_url)
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
     command += ["--host", url.hostname, "--port", str(url.port), *other_args]
-    process = subprocess.Popen(command, env={**os.environ, **(env or {})})
-    try:
-        wait_healthy(base_url, process, DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH)
-        yield base_url, process
-    finally:
-        kill_process_tree(process.pid)
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "w")) if log_path else None
+        process = subprocess.Popen(
+            command,
+            env={**os.environ, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+        )
+        try:
+            wait_healthy(base_url, process, DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH)
+            yield base_url, process
+        finally:
+            kill_process_tree(process.pid)
 
 
 def wait_healthy(base_url: str, process: "subprocess.Popen", timeout: float) -> None:

@@ -128,6 +128,13 @@ class SpecPolicy:
 
         toggled = speculate != self._speculating
         if toggled:
+            # One line per switch and rank: with TP, the ranks' lines must agree.
+            logger.info(
+                "Load-aware speculation: %s from decode step %d (running batch %d).",
+                "speculative" if speculate else "plain",
+                self.num_spec_steps + self.num_plain_steps,
+                batch_size,
+            )
             self._speculating = speculate
             self._steps_in_mode = 0
             self.num_toggles += 1

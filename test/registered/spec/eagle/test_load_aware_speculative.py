@@ -9,11 +9,13 @@ KV leak checks of the scheduler on, so a leaked slot kills the server.
 """
 
 import itertools
+import os
 import re
+import tempfile
 import threading
 import time
 import unittest
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 import requests
@@ -105,6 +107,7 @@ class LoadAwareServerBase(CustomTestCase):
     draft_kv_check = False
     extra_args: List[str] = []
     spec_v2 = False  # True: the overlap scheduler's EAGLEWorkerV2 (topk 1)
+    server_log: Optional[str] = None  # a path: the server's output goes there
 
     @classmethod
     def server_args(cls) -> List[str]:
@@ -129,6 +132,7 @@ class LoadAwareServerBase(CustomTestCase):
                 **LEAK_CHECK_ENV,
                 "SGLANG_ENABLE_SPEC_V2": "1" if cls.spec_v2 else "0",
             },
+            log_path=cls.server_log,
         )
         cls.base_url, cls.process = cls._server.__enter__()
 
@@ -278,6 +282,21 @@ class TestLoadAwareRampTreeTP2(TestLoadAwareRampTree):
     """The ramp at tensor parallelism 2: every rank must take the same decision per step."""
 
     extra_args = ["--tp-size", "2"]
+    server_log = os.path.join(tempfile.gettempdir(), "load_aware_tp2_server.log")
+
+    def test_ranks_switch_at_the_same_steps(self):
+        self.run_ramp()
+        switches: Dict[str, List[str]] = {}
+        with open(self.server_log) as log:
+            for line in log:
+                match = re.search(r" (TP\d+)[^\]]*\] (Load-aware speculation: .*)", line)
+                if match:
+                    switches.setdefault(match.group(1), []).append(match.group(2))
+        counts = {rank: len(lines) for rank, lines in switches.items()}
+        print(f"[load-aware-tp2] switches per rank: {counts}")
+        self.assertEqual(sorted(switches), ["TP0", "TP1"])
+        self.assertGreaterEqual(len(switches["TP0"]), 2 * self.cycles)
+        self.assertEqual(switches["TP0"], switches["TP1"])
 
 
 class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):

@@ -228,6 +228,19 @@ class TestSpecPolicySequences(CustomTestCase):
         self.assertEqual(state["disable_batch_threshold"], 8)
         self.assertEqual(state["enable_batch_threshold"], 4)
 
+    def test_each_switch_logs_one_line_with_its_step(self):
+        policy = SpecPolicy(8, 4, min_dwell_steps=0)
+        with self.assertLogs("sglang.srt.speculative.spec_policy", "INFO") as logs:
+            for bs in (2, 9, 9, 6, 3, 3):
+                policy.decide(bs)
+        self.assertEqual(
+            [record.getMessage() for record in logs.records],
+            [
+                "Load-aware speculation: plain from decode step 1 (running batch 9).",
+                "Load-aware speculation: speculative from decode step 4 (running batch 3).",
+            ],
+        )
+
 
 class TestSpeculativeCaptureBs(CustomTestCase):
     CAPTURE = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64]
