@@ -25,10 +25,11 @@ import fcntl
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import aiohttp
 import requests
@@ -153,7 +154,12 @@ def percentile(values: List[float], q: float) -> float:
     )
 
 
-def summarize(results: List[RequestResult], wall: float) -> Dict[str, Optional[float]]:
+def summarize(runs: List[Tuple[List[RequestResult], float]]) -> Dict[str, Any]:
+    """Statistics of one point measured len(runs) times: (results, wall seconds) per run.
+    Throughput is the median run (with the min and max); latencies and acceptance pool
+    all requests."""
+    results = [r for run, _ in runs for r in run]
+    rates = sorted(sum(r.output_tokens for r in run) / wall for run, wall in runs)
     tpots = [
         (r.latency - r.ttft) / (r.output_tokens - 1)
         for r in results
@@ -162,7 +168,9 @@ def summarize(results: List[RequestResult], wall: float) -> Dict[str, Optional[f
     verify = sum(r.verify_ct for r in results)
     return {
         "num_requests": len(results),
-        "output_tok_s": sum(r.output_tokens for r in results) / wall,
+        "output_tok_s": statistics.median(rates),
+        "output_tok_s_min": rates[0],
+        "output_tok_s_max": rates[-1],
         "tpot_p50_ms": 1000 * percentile(tpots, 0.5),
         "tpot_p99_ms": 1000 * percentile(tpots, 0.99),
         "ttft_p50_ms": 1000 * percentile([r.ttft for r in results], 0.5),
@@ -253,11 +261,14 @@ def measure_point(
     args, config: Config, prompts: List[List[int]], concurrency: int
 ) -> dict:
     num = max(args.min_requests, args.requests_per_concurrency * concurrency)
-    before, start = server_state(args.url), time.perf_counter()
-    results = asyncio.run(
-        closed_loop(args.url, prompts[:num], args.output_len, concurrency)
-    )
-    point = summarize(results, time.perf_counter() - start)
+    before, runs = server_state(args.url), []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        results = asyncio.run(
+            closed_loop(args.url, prompts[:num], args.output_len, concurrency)
+        )
+        runs.append((results, time.perf_counter() - start))
+    point = summarize(runs)
     point.update(
         config=config.name,
         concurrency=concurrency,
@@ -317,6 +328,12 @@ def run_ramp(args, config: Config, prompts: List[List[int]]) -> dict:
     }
 
 
+def markdown_cell(point: dict) -> str:
+    low, high = point.get("output_tok_s_min"), point.get("output_tok_s_max")
+    spread = f" [{low:.0f}-{high:.0f}]" if low is not None and high > low else ""
+    return f"{point['output_tok_s']:.0f}{spread} ({point['spec_step_share']:.0%} spec)"
+
+
 def markdown_table(records: List[dict]) -> str:
     concurrency = sorted({p["concurrency"] for r in records for p in r["points"]})
     lines = [
@@ -327,14 +344,7 @@ def markdown_table(records: List[dict]) -> str:
     lines.append("|---" * (3 + len(concurrency)) + "|")
     for record in records:
         by_c = {p["concurrency"]: p for p in record["points"]}
-        cells = [
-            (
-                f"{by_c[c]['output_tok_s']:.0f} ({by_c[c]['spec_step_share']:.0%} spec)"
-                if c in by_c
-                else "-"
-            )
-            for c in concurrency
-        ]
+        cells = [markdown_cell(by_c[c]) if c in by_c else "-" for c in concurrency]
         lines.append(
             f"| {record['config']} | {record['kv_capacity_tokens']} | {record['ramp']['output_tok_s']:.0f} | "
             + " | ".join(cells)
@@ -342,7 +352,8 @@ def markdown_table(records: List[dict]) -> str:
         )
     return (
         "\n".join(lines)
-        + "\n\nCells: output tok/s (share of decode steps that speculated).\n"
+        + "\n\nCells: output tok/s, median of the repeats [min-max] (share of decode"
+        + " steps that speculated).\n"
     )
 
 
@@ -480,6 +491,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--requests-per-concurrency", type=int, default=4)
     parser.add_argument("--min-requests", type=int, default=16)
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="measurements per point (median, spread)"
+    )
     parser.add_argument(
         "--ramp",
         type=lambda s: [int(x) for x in s.split(",")],

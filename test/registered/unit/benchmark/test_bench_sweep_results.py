@@ -48,12 +48,22 @@ class TestBenchSweepResults(CustomTestCase):
             self.result(0.1, 1.1, 11, verify=4, correct=4),
             self.result(0.2, 2.2, 21),
         ]
-        point = self.bench.summarize(results, wall=2.0)
+        point = self.bench.summarize([(results, 2.0)])
         self.assertAlmostEqual(point["output_tok_s"], 16.0)
         self.assertAlmostEqual(point["tpot_p50_ms"], 100.0)
         self.assertAlmostEqual(point["accept_length"], 2.0)
-        no_spec = self.bench.summarize([self.result(0.1, 1.1, 11)], wall=1.0)
+        no_spec = self.bench.summarize([([self.result(0.1, 1.1, 11)], 1.0)])
         self.assertIsNone(no_spec["accept_length"])
+
+    def test_repeats_give_the_median_and_spread_of_throughput(self):
+        run = [self.result(0.1, 1.1, 10)]
+        point = self.bench.summarize([(run, 1.0), (run, 2.0), (run, 0.5)])
+        self.assertEqual(point["num_requests"], 3)
+        self.assertAlmostEqual(point["output_tok_s"], 10.0)
+        self.assertAlmostEqual(point["output_tok_s_min"], 5.0)
+        self.assertAlmostEqual(point["output_tok_s_max"], 20.0)
+        cell = self.bench.markdown_cell({**point, "spec_step_share": 1.0})
+        self.assertEqual(cell, "10 [5-20] (100% spec)")
 
     def test_spec_step_share_from_policy_counts(self):
         configs = self.bench.build_configs(disable_threshold=8)
