@@ -219,6 +219,15 @@ def wait_gpu_idle(max_used_mib: int = 2048, timeout: float = 120) -> None:
     raise RuntimeError("GPU still busy: the previous server did not exit")
 
 
+def backend_env(args) -> Dict[str, str]:
+    """flashinfer's default workspace (384 MiB) is too small for verify graphs at large
+    batches and for draft trees; every config gets the same, larger one. (Upstream resets
+    it to 512 MiB for Qwen2/Qwen3 architectures: use triton for the dense32b preset.)"""
+    if args.attention_backend != "flashinfer":
+        return {}
+    return {"SGLANG_FLASHINFER_WORKSPACE_SIZE": str(args.flashinfer_workspace_mib << 20)}
+
+
 def run_config(
     args, config: Config, target: str, draft: str, prompts: List[List[int]]
 ) -> dict:
@@ -242,8 +251,9 @@ def run_config(
             "--speculative-draft-model-path",
             draft,
         ] + config.spec_args
-    with running_server(target, server_args, env=config.env, base_url=args.url):
-        record = {"config": config.name, "server_args": server_args, "env": config.env}
+    env = {**config.env, **backend_env(args)}
+    with running_server(target, server_args, env=env, base_url=args.url):
+        record = {"config": config.name, "server_args": server_args, "env": env}
         asyncio.run(closed_loop(args.url, prompts[:8], args.output_len, 8))  # warm up
         state = server_state(args.url)
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
@@ -508,6 +518,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile-steps", type=int, default=8)
     parser.add_argument("--profile-load-seconds", type=float, default=12.0)
     parser.add_argument("--attention-backend", default="triton")
+    parser.add_argument("--flashinfer-workspace-mib", type=int, default=1024)
     parser.add_argument("--mem-fraction-static", type=float, default=0.8)
     parser.add_argument("--url", default="http://127.0.0.1:31000")
     parser.add_argument(
