@@ -33,32 +33,24 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import aiohttp
 import requests
-from sglang.test.spec_engine_utils import running_server, synthetic_pair
+from sglang.test.spec_engine_utils import (
+    EAGLE3_CHAIN,
+    EAGLE3_TREE,
+    cli_args,
+    eagle3_args,
+    running_server,
+    synthetic_pair,
+)
 from tqdm import tqdm
 
-TOPK1 = [
-    "--speculative-num-steps",
-    "3",
-    "--speculative-eagle-topk",
-    "1",
-    "--speculative-num-draft-tokens",
-    "4",
-]
-TOPK4 = [
-    "--speculative-num-steps",
-    "2",
-    "--speculative-eagle-topk",
-    "4",
-    "--speculative-num-draft-tokens",
-    "16",
-]
 V1 = {"SGLANG_ENABLE_SPEC_V2": "0"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     name: str
-    spec_args: List[str]
+    spec: Optional[Dict[str, int]]  # eagle3_args' step counts; None: no speculation
+    extra_args: List[str]
     env: Dict[str, str]
     load_aware: bool = False
 
@@ -68,14 +60,16 @@ def build_configs(disable_threshold: int) -> Dict[str, Config]:
     return {
         c.name: c
         for c in [
-            Config("nospec", [], {}),
-            Config("eagle3-topk1", TOPK1, {}),
-            Config("eagle3-topk4", TOPK4, {}),
+            Config("nospec", None, [], {}),
+            Config("eagle3-topk1", EAGLE3_CHAIN, [], {}),
+            Config("eagle3-topk4", EAGLE3_TREE, [], {}),
             # topk 1 runs on the spec-v2 overlap worker, like eagle3-topk1.
-            Config("loadaware-topk1", TOPK1 + load_aware, {}, load_aware=True),
-            Config("loadaware-topk1-v1", TOPK1 + load_aware, V1, load_aware=True),
-            Config("loadaware-topk4", TOPK4 + load_aware, {}, load_aware=True),
-            Config("upstream-adaptive-topk1", TOPK1 + ["--speculative-adaptive"], {}),
+            Config("loadaware-topk1", EAGLE3_CHAIN, load_aware, {}, load_aware=True),
+            Config("loadaware-topk1-v1", EAGLE3_CHAIN, load_aware, V1, load_aware=True),
+            Config("loadaware-topk4", EAGLE3_TREE, load_aware, {}, load_aware=True),
+            Config(
+                "upstream-adaptive-topk1", EAGLE3_CHAIN, ["--speculative-adaptive"], {}
+            ),
         ]
     }
 
@@ -225,32 +219,34 @@ def backend_env(args) -> Dict[str, str]:
     it to 512 MiB for Qwen2/Qwen3 architectures: use triton for the dense32b preset.)"""
     if args.attention_backend != "flashinfer":
         return {}
-    return {"SGLANG_FLASHINFER_WORKSPACE_SIZE": str(args.flashinfer_workspace_mib << 20)}
+    return {
+        "SGLANG_FLASHINFER_WORKSPACE_SIZE": str(args.flashinfer_workspace_mib << 20)
+    }
+
+
+def config_server_args(args, config: Config, draft: str) -> List[str]:
+    """launch_server flags of a config: shared serving flags, then its speculation."""
+    max_bs = max(args.concurrency)
+    server_args = cli_args(
+        dict(
+            attention_backend=args.attention_backend,
+            cuda_graph_max_bs=max_bs,
+            max_running_requests=max_bs,
+            mem_fraction_static=args.mem_fraction_static,
+            skip_tokenizer_init=True,
+            enable_metrics=True,
+        )
+    )
+    if config.spec is None:
+        return server_args
+    return server_args + cli_args(eagle3_args(draft, **config.spec)) + config.extra_args
 
 
 def run_config(
     args, config: Config, target: str, draft: str, prompts: List[List[int]]
 ) -> dict:
     wait_gpu_idle()
-    server_args = [
-        "--attention-backend",
-        args.attention_backend,
-        "--cuda-graph-max-bs",
-        str(max(args.concurrency)),
-        "--max-running-requests",
-        str(max(args.concurrency)),
-        "--mem-fraction-static",
-        str(args.mem_fraction_static),
-        "--skip-tokenizer-init",
-        "--enable-metrics",
-    ]
-    if config.spec_args:
-        server_args += [
-            "--speculative-algorithm",
-            "EAGLE3",
-            "--speculative-draft-model-path",
-            draft,
-        ] + config.spec_args
+    server_args = config_server_args(args, config, draft)
     env = {**config.env, **backend_env(args)}
     with running_server(target, server_args, env=env, base_url=args.url):
         record = {"config": config.name, "server_args": server_args, "env": env}
@@ -397,7 +393,9 @@ def plot(records: List[dict], path: str, title: str) -> None:
 
 
 def git_commit() -> str:
-    result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    result = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True
+    )
     return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
@@ -474,7 +472,9 @@ def write_results(out_dir: str, records: List[dict]) -> None:
         f.write("\nCommands (commit):\n\n")
         for r in records:
             f.write(f"- {r['config']}: `{r['command']}` ({r['commit']})\n")
-    plot(records, os.path.join(out_dir, "throughput.png"), f"{model} on {summary['gpu']}")
+    plot(
+        records, os.path.join(out_dir, "throughput.png"), f"{model} on {summary['gpu']}"
+    )
 
 
 def parse_args() -> argparse.Namespace:

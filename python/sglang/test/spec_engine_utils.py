@@ -102,6 +102,13 @@ def greedy_params(max_new_tokens: int, **extra: object) -> Dict[str, object]:
     )
 
 
+# The two EAGLE-3 shapes the tests and the benchmark use (eagle3_args' step counts):
+# a chain (topk 1, the spec-v2 worker's case) and the draft tree of the deployments
+# the load-aware mode is for (topk 4, 16 draft tokens, the v1 worker).
+EAGLE3_CHAIN = dict(num_steps=3, topk=1, num_draft_tokens=4)
+EAGLE3_TREE = dict(num_steps=2, topk=4, num_draft_tokens=16)
+
+
 def eagle3_args(
     draft_dir: str, num_steps: int, topk: int, num_draft_tokens: int
 ) -> Dict[str, object]:
@@ -112,6 +119,19 @@ def eagle3_args(
         speculative_eagle_topk=topk,
         speculative_num_draft_tokens=num_draft_tokens,
     )
+
+
+def cli_args(server_args: Dict[str, object]) -> List[str]:
+    """ServerArgs keyword arguments as ``launch_server`` flags (True: a bare flag;
+    False and None: omitted)."""
+    flags: List[str] = []
+    for name, value in server_args.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not False and value is not None:
+            flags += [flag, str(value)]
+    return flags
 
 
 @contextlib.contextmanager

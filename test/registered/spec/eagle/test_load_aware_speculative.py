@@ -22,7 +22,11 @@ import requests
 import torch
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.spec_engine_utils import (
+    EAGLE3_CHAIN,
+    EAGLE3_TREE,
     LEAK_CHECK_ENV,
+    cli_args,
+    eagle3_args,
     greedy_params,
     metric_total,
     post_concurrently,
@@ -41,8 +45,6 @@ from sglang.test.test_utils import CustomTestCase
 register_cuda_ci(est_time=1500, suite="stage-b-test-1-gpu-large")
 pytestmark = pytest.mark.gpu
 
-TOPK1 = dict(num_steps=3, topk=1, num_draft_tokens=4)
-TOPK4 = dict(num_steps=2, topk=4, num_draft_tokens=16)
 PROMPT_LEN = 16
 # Plain steps a request may still see after the batch shrank (the policy's default dwell).
 MIN_DWELL_STEPS = 8
@@ -51,34 +53,20 @@ MIN_DWELL_STEPS = 8
 def spec_server_args(
     draft: str, spec: Dict[str, int], backend: str, page_size: int, cuda_graph: bool
 ) -> List[str]:
-    args = [
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        draft,
-        "--speculative-num-steps",
-        str(spec["num_steps"]),
-        "--speculative-eagle-topk",
-        str(spec["topk"]),
-        "--speculative-num-draft-tokens",
-        str(spec["num_draft_tokens"]),
-        "--attention-backend",
-        backend,
-        "--page-size",
-        str(page_size),
-        "--cuda-graph-max-bs",
-        "48",
-        "--max-running-requests",
-        "48",
-        "--mem-fraction-static",
-        "0.5",
-        "--grammar-backend",
-        "none",
-        "--enable-metrics",
-        "--random-seed",
-        "0",
-    ]
-    return args + ([] if cuda_graph else ["--disable-cuda-graph"])
+    return cli_args(
+        dict(
+            **eagle3_args(draft, **spec),
+            attention_backend=backend,
+            page_size=page_size,
+            cuda_graph_max_bs=48,
+            max_running_requests=48,
+            mem_fraction_static=0.5,
+            grammar_backend="none",
+            enable_metrics=True,
+            random_seed=0,
+            disable_cuda_graph=not cuda_graph,
+        )
+    )
 
 
 def plain_step_tokens(meta: dict) -> int:
@@ -97,7 +85,7 @@ class LoadAwareServerBase(CustomTestCase):
     """One load-aware server per class; subclasses pick the configuration."""
 
     draft_accept = 0.8
-    spec = TOPK4
+    spec = EAGLE3_TREE
     backend = "triton"
     page_size = 1
     cuda_graph = True
@@ -289,7 +277,9 @@ class TestLoadAwareRampTreeTP2(TestLoadAwareRampTree):
         switches: Dict[str, List[str]] = {}
         with open(self.server_log) as log:
             for line in log:
-                match = re.search(r" (TP\d+)[^\]]*\] (Load-aware speculation: .*)", line)
+                match = re.search(
+                    r" (TP\d+)[^\]]*\] (Load-aware speculation: .*)", line
+                )
                 if match:
                     switches.setdefault(match.group(1), []).append(match.group(2))
         counts = {rank: len(lines) for rank, lines in switches.items()}
@@ -403,11 +393,11 @@ class MatrixMixin:
 
 
 class TestLoadAwareTopk1TritonGraphs(MatrixMixin, LoadAwareServerBase):
-    spec = TOPK1
+    spec = EAGLE3_CHAIN
 
 
 class TestLoadAwareTopk1TritonPage16Eager(MatrixMixin, LoadAwareServerBase):
-    spec = TOPK1
+    spec = EAGLE3_CHAIN
     page_size = 16
     cuda_graph = False
 
@@ -426,7 +416,7 @@ class SpecV2Mixin:
     """The overlap scheduler's spec-v2 worker (EAGLEWorkerV2, topk 1)."""
 
     spec_v2 = True
-    spec = TOPK1
+    spec = EAGLE3_CHAIN
 
     def test_runs_the_overlap_worker(self):
         info = requests.get(f"{self.base_url}/server_info", timeout=30).json()

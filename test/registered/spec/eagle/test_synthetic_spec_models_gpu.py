@@ -8,6 +8,8 @@ import unittest
 import pytest
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.spec_engine_utils import (
+    EAGLE3_CHAIN,
+    EAGLE3_TREE,
     accept_length,
     eagle3_args,
     generate_outputs,
@@ -31,8 +33,8 @@ PROMPT_LEN = 24
 MAX_NEW_TOKENS = 48
 ACCEPT_TOLERANCE = 0.10
 SPEC_CONFIGS = {
-    "topk1-steps3 (spec v2)": dict(num_steps=3, topk=1, num_draft_tokens=4),
-    "topk4-steps2-16tok (spec v1)": dict(num_steps=2, topk=4, num_draft_tokens=16),
+    "topk1-steps3 (spec v2)": EAGLE3_CHAIN,
+    "topk4-steps2-16tok (spec v1)": EAGLE3_TREE,
 }
 
 

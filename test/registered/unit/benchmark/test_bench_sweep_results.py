@@ -1,6 +1,7 @@
 """benchmark/dynamic_spec/bench_sweep.py: per-point statistics and the result files
 (summary.json for machines, markdown and PNG for people). No server, no GPU."""
 
+import argparse
 import importlib.util
 import json
 import os
@@ -64,6 +65,32 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertAlmostEqual(point["output_tok_s_max"], 20.0)
         cell = self.bench.markdown_cell({**point, "spec_step_share": 1.0})
         self.assertEqual(cell, "10 [5-20] (100% spec)")
+
+    def test_server_args_as_flags(self):
+        flags = self.bench.cli_args(
+            dict(page_size=16, enable_metrics=True, a=False, b=None)
+        )
+        self.assertEqual(flags, ["--page-size", "16", "--enable-metrics"])
+
+    def test_config_server_flags(self):
+        configs = self.bench.build_configs(disable_threshold=16)
+        args = argparse.Namespace(
+            attention_backend="triton", concurrency=[1, 64], mem_fraction_static=0.8
+        )
+        flags = " ".join(
+            self.bench.config_server_args(args, configs["loadaware-topk4"], "/d")
+        )
+        self.assertIn("--max-running-requests 64 ", flags)
+        self.assertIn("--skip-tokenizer-init --enable-metrics", flags)
+        self.assertIn(
+            "--speculative-algorithm EAGLE3 --speculative-draft-model-path /d "
+            "--speculative-num-steps 2 --speculative-eagle-topk 4 "
+            "--speculative-num-draft-tokens 16 "
+            "--speculative-disable-batch-threshold 16",
+            flags,
+        )
+        nospec = self.bench.config_server_args(args, configs["nospec"], "/d")
+        self.assertFalse(any(f.startswith("--speculative") for f in nospec))
 
     def test_spec_step_share_from_policy_counts(self):
         configs = self.bench.build_configs(disable_threshold=8)
@@ -145,6 +172,7 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(records[0]["points"][0]["output_tok_s"], 120.0)
             saved = json.loads(Path(out_dir, "raw.json").read_text())["records"]
             self.assertEqual(saved, records)
+
 
 if __name__ == "__main__":
     unittest.main()
