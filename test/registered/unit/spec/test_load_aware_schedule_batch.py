@@ -13,16 +13,13 @@ import torch
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.chunk_cache import ChunkCache
-from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import SpecPolicy
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.cpu_schedule_batch import cpu_kv_pools, prefilled_batch
 from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 
@@ -77,43 +74,23 @@ class LoadAwareBatchTestBase(CustomTestCase):
         cls.tmpdir.cleanup()
 
     def setUp(self):
-        self.req_to_token_pool = ReqToTokenPool(
-            size=8, max_context_len=64, device="cpu", enable_memory_saver=False
-        )
-        self.allocator = TokenToKVPoolAllocator(
-            size=512, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=False
-        )
-        self.tree_cache = ChunkCache(
-            CacheInitParams(
-                disable=True,
-                req_to_token_pool=self.req_to_token_pool,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=1,
-            )
-        )
+        pools = cpu_kv_pools(max_context_len=64, num_kv_tokens=512)
+        self.req_to_token_pool = pools.req_to_token_pool
+        self.allocator = pools.allocator
+        self.tree_cache = pools.tree_cache
+        self.pools = pools
 
     def prefilled_batch(self):
         """A batch right after prefill + draft extend: one output token each."""
-        reqs = []
-        for i, n in enumerate(PROMPT_LENS):
-            req = Req(
-                f"r{i}", "", list(range(1, n + 1)), SamplingParams(max_new_tokens=64)
-            )
-            req.init_next_round_input(self.tree_cache)
-            reqs.append(req)
-        batch = ScheduleBatch.init_new(
-            reqs,
-            self.req_to_token_pool,
-            self.allocator,
-            self.tree_cache,
+        batch = prefilled_batch(
+            self.pools,
             self.model_config,
-            False,
             SpeculativeAlgorithm.from_string(self.speculative_algorithm),
+            PROMPT_LENS,
+            max_new_tokens=64,
+            enable_overlap=False,
         )
-        batch.prepare_for_extend()
-        first = [100 + i for i in range(len(reqs))]
-        for req, token in zip(reqs, first):
-            req.output_ids.append(token)
+        first = [req.output_ids[-1] for req in batch.reqs]
         batch.output_ids = torch.tensor(first, dtype=torch.int64)
         if self.speculative_algorithm is not None:
             batch.spec_info = draft_input(first)

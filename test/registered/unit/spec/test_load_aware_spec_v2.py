@@ -21,17 +21,11 @@ import torch
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.environ import envs
 from sglang.srt.managers.overlap_utils import FutureIndices
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler_output_processor_mixin import (
     SchedulerOutputProcessorMixin,
 )
 from sglang.srt.managers.utils import GenerationBatchResult, get_alloc_len_per_decode
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.chunk_cache import ChunkCache
-from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from sglang.srt.speculative import load_aware_v2, spec_utils
 from sglang.srt.speculative.eagle_info import EagleDraftInput
@@ -39,7 +33,8 @@ from sglang.srt.speculative.load_aware_v2 import plain_decode_kv_lens
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import SpecDecision
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.spec_engine_utils import TINY_LLAMA_CONFIG, tiny_llama_config_dir
+from sglang.test.cpu_schedule_batch import cpu_kv_pools, prefilled_batch
+from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
@@ -111,24 +106,11 @@ class SpecV2BatchTestBase(CustomTestCase):
         )
         patcher.start()
         self.addCleanup(patcher.stop)
-        self.req_to_token_pool = ReqToTokenPool(
-            size=8, max_context_len=256, device="cpu", enable_memory_saver=False
-        )
-        self.allocator = TokenToKVPoolAllocator(
-            size=POOL_SIZE,
-            dtype=torch.bfloat16,
-            device="cpu",
-            kvcache=None,
-            need_sort=False,
-        )
-        self.tree_cache = ChunkCache(
-            CacheInitParams(
-                disable=True,
-                req_to_token_pool=self.req_to_token_pool,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=1,
-            )
-        )
+        pools = cpu_kv_pools(max_context_len=256, num_kv_tokens=POOL_SIZE)
+        self.req_to_token_pool = pools.req_to_token_pool
+        self.allocator = pools.allocator
+        self.tree_cache = pools.tree_cache
+        self.pools = pools
         self.future_ct = 0
 
     def future_draft_input(self, bs):
@@ -138,34 +120,17 @@ class SpecV2BatchTestBase(CustomTestCase):
         return EagleDraftInput(future_indices=FutureIndices(indices=indices))
 
     def prefilled_batch(self, prompt_lens=PROMPT_LENS, prefix="r"):
-        reqs = []
-        for i, n in enumerate(prompt_lens):
-            sampling_params = SamplingParams(max_new_tokens=128)
-            sampling_params.normalize(None)
-            req = Req(
-                f"{prefix}{i}",
-                "",
-                list(range(1, n + 1)),
-                sampling_params,
-                vocab_size=TINY_LLAMA_CONFIG["vocab_size"],
-            )
-            req.init_next_round_input(self.tree_cache)
-            reqs.append(req)
-        batch = ScheduleBatch.init_new(
-            reqs,
-            self.req_to_token_pool,
-            self.allocator,
-            self.tree_cache,
+        batch = prefilled_batch(
+            self.pools,
             self.model_config,
-            True,  # enable_overlap
             SpeculativeAlgorithm.EAGLE,
+            prompt_lens,
+            max_new_tokens=128,
+            enable_overlap=True,
+            rid_prefix=prefix,
         )
-        batch.prepare_for_extend()
         self.assertTrue(batch.is_spec_v2)
-        # The prefill result: one output token each, processed.
-        for i, req in enumerate(reqs):
-            req.output_ids.append(100 + i)
-        batch.spec_info = self.future_draft_input(len(reqs))
+        batch.spec_info = self.future_draft_input(len(batch.reqs))
         batch.filter_batch()
         return batch
 
