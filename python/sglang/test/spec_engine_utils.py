@@ -14,7 +14,6 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 SYNTHETIC_MODELS_DIR_ENV = "SGLANG_SYNTHETIC_MODELS_DIR"
@@ -190,6 +189,7 @@ def running_server(
     from sglang.test.test_utils import (
         DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH,
         DEFAULT_URL_FOR_TEST,
+        _wait_for_server_health,
     )
 
     base_url = base_url or DEFAULT_URL_FOR_TEST
@@ -205,32 +205,14 @@ def running_server(
             stderr=subprocess.STDOUT if log else None,
         )
         try:
-            wait_healthy(base_url, process, DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH)
+            healthy, error = _wait_for_server_health(
+                process, base_url, None, DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH
+            )
+            if not healthy:
+                raise RuntimeError(f"server at {base_url}: {error}")
             yield base_url, process
         finally:
             kill_process_tree(process.pid)
-
-
-def wait_healthy(base_url: str, process: "subprocess.Popen", timeout: float) -> None:
-    import requests
-
-    deadline = time.time() + timeout
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"server exited with {process.returncode} during startup"
-            )
-        try:
-            if (
-                requests.get(f"{base_url}/health_generate", timeout=5).status_code
-                == 200
-            ):
-                return
-        except requests.RequestException:
-            pass
-        if time.time() > deadline:
-            raise TimeoutError(f"server at {base_url} not healthy after {timeout} s")
-        time.sleep(2)
 
 
 def post_generate(
