@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import fcntl
@@ -29,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import aiohttp
 import requests
@@ -61,6 +62,9 @@ def build_configs(disable_threshold: int) -> Dict[str, Config]:
         c.name: c
         for c in [
             Config("nospec", None, [], {}),
+            # The v1 worker (topk > 1) runs without the overlap scheduler: the
+            # reference its plain steps can reach.
+            Config("nospec-no-overlap", None, ["--disable-overlap-schedule"], {}),
             Config("eagle3-topk1", EAGLE3_CHAIN, [], {}),
             Config("eagle3-topk4", EAGLE3_TREE, [], {}),
             # topk 1 runs on the spec-v2 overlap worker, like eagle3-topk1.
@@ -182,7 +186,7 @@ def server_state(url: str) -> dict:
 
 def spec_step_share(config: Config, before: dict, after: dict) -> float:
     if not config.load_aware:
-        return 0.0 if config.name == "nospec" else 1.0
+        return 0.0 if config.spec is None else 1.0
     b, a = before["load_aware_speculation"], after["load_aware_speculation"]
     spec = a["num_spec_steps"] - b["num_spec_steps"]
     plain = a["num_plain_steps"] - b["num_plain_steps"]
@@ -237,20 +241,30 @@ def config_server_args(args, config: Config, draft: str) -> List[str]:
             enable_metrics=True,
         )
     )
-    if config.spec is None:
-        return server_args
-    return server_args + cli_args(eagle3_args(draft, **config.spec)) + config.extra_args
+    if config.spec is not None:
+        server_args += cli_args(eagle3_args(draft, **config.spec))
+    return server_args + config.extra_args
+
+
+@contextlib.contextmanager
+def serving(
+    args, config: Config, target: str, draft: str, prompts: List[List[int]]
+) -> Iterator[Dict[str, Any]]:
+    """A fresh, warmed-up server of a config (the previous one gone, the GPU idle);
+    yields how it was launched."""
+    wait_gpu_idle()
+    server_args = config_server_args(args, config, draft)
+    env = {**config.env, **backend_env(args)}
+    with running_server(target, server_args, env=env, base_url=args.url):
+        asyncio.run(closed_loop(args.url, prompts[:8], args.output_len, 8))  # warm up
+        yield {"server_args": server_args, "env": env}
 
 
 def run_config(
     args, config: Config, target: str, draft: str, prompts: List[List[int]]
 ) -> dict:
-    wait_gpu_idle()
-    server_args = config_server_args(args, config, draft)
-    env = {**config.env, **backend_env(args)}
-    with running_server(target, server_args, env=env, base_url=args.url):
-        record = {"config": config.name, "server_args": server_args, "env": env}
-        asyncio.run(closed_loop(args.url, prompts[:8], args.output_len, 8))  # warm up
+    with serving(args, config, target, draft, prompts) as launch:
+        record = {"config": config.name, **launch}
         state = server_state(args.url)
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
         record["points"] = [
@@ -258,8 +272,6 @@ def run_config(
             for concurrency in tqdm(args.concurrency, desc=config.name)
         ]
         record["ramp"] = run_ramp(args, config, prompts)
-        if args.profile_concurrency:
-            record["profile_dir"] = asyncio.run(profile_steps(args, config, prompts))
         return record
 
 
@@ -281,34 +293,6 @@ def measure_point(
         spec_step_share=spec_step_share(config, before, server_state(args.url)),
     )
     return point
-
-
-async def profile_steps(args, config: Config, prompts: List[List[int]]) -> str:
-    """A torch profile (CPU and GPU) of --profile-steps decode steps at a steady batch of
-    --profile-concurrency requests, written by the server next to the results."""
-    profile_dir = os.path.join(
-        os.path.abspath(results_dir(args.out_dir, args.model_name)),
-        "profiles",
-        f"{config.name}-c{args.profile_concurrency}",
-    )
-    deadline = time.perf_counter() + args.profile_load_seconds
-    load = asyncio.create_task(
-        closed_loop(
-            args.url, prompts * 8, args.output_len, args.profile_concurrency, deadline
-        )
-    )
-    await asyncio.sleep(args.profile_load_seconds / 3)  # past the first prefills
-    async with aiohttp.ClientSession() as session:
-        request = {
-            "output_dir": profile_dir,
-            "num_steps": args.profile_steps,
-            "activities": ["CPU", "GPU"],
-            "profile_prefix": config.name,
-        }
-        async with session.post(f"{args.url}/start_profile", json=request) as response:
-            response.raise_for_status()
-    await load
-    return profile_dir
 
 
 def run_ramp(args, config: Config, prompts: List[List[int]]) -> dict:
@@ -477,10 +461,8 @@ def write_results(out_dir: str, records: List[dict]) -> None:
     )
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the model, the configs and their servers (shared with profile_decode.py)."""
     parser.add_argument(
         "--preset",
         default="tiny",
@@ -499,6 +481,46 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--disable-threshold", type=int, default=16)
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--attention-backend", default="triton")
+    parser.add_argument("--flashinfer-workspace-mib", type=int, default=1024)
+    parser.add_argument("--mem-fraction-static", type=float, default=0.8)
+    parser.add_argument("--url", default="http://127.0.0.1:31000")
+    parser.add_argument(
+        "--out-dir",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+    )
+
+
+def selected_configs(args) -> List[Config]:
+    configs = build_configs(args.disable_threshold)
+    names = args.configs.split(",")
+    unknown = set(names) - set(configs)
+    if unknown:
+        sys.exit(f"unknown configs {sorted(unknown)}; known: {list(configs)}")
+    return [configs[name] for name in names]
+
+
+def model_and_prompts(args, num_prompts: int) -> Tuple[str, str, List[List[int]]]:
+    """(target path, draft path, prompts): the synthetic pair, generated if missing,
+    and num_prompts fixed random prompts of --input-len tokens."""
+    target, draft = synthetic_pair(args.preset, args.draft_accept)
+    rng = random.Random(0)
+    prompts = [
+        [rng.randrange(3, 1000) for _ in range(args.input_len)]
+        for _ in range(num_prompts)
+    ]
+    return target, draft, prompts
+
+
+def model_name(args) -> str:
+    return f"{args.preset}-p{args.draft_accept}"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_server_args(parser)
     parser.add_argument("--requests-per-concurrency", type=int, default=4)
     parser.add_argument("--min-requests", type=int, default=16)
     parser.add_argument(
@@ -511,28 +533,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--ramp-phase-seconds", type=float, default=10.0)
     parser.add_argument(
-        "--profile-concurrency",
-        type=int,
-        help="also record a torch profile of each config at this concurrency",
-    )
-    parser.add_argument("--profile-steps", type=int, default=8)
-    parser.add_argument("--profile-load-seconds", type=float, default=12.0)
-    parser.add_argument("--attention-backend", default="triton")
-    parser.add_argument("--flashinfer-workspace-mib", type=int, default=1024)
-    parser.add_argument("--mem-fraction-static", type=float, default=0.8)
-    parser.add_argument("--url", default="http://127.0.0.1:31000")
-    parser.add_argument(
         "--render",
         metavar="RESULTS_DIR",
         help="only rewrite summary.json, results.md and the plot from RESULTS_DIR/raw.json",
     )
-    parser.add_argument(
-        "--out-dir",
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-    )
-    args = parser.parse_args()
-    args.model_name = f"{args.preset}-p{args.draft_accept}"
-    return args
+    return parser.parse_args()
 
 
 def main() -> None:
@@ -541,25 +546,17 @@ def main() -> None:
         with open(os.path.join(args.render, "raw.json")) as f:
             write_results(args.render, json.load(f)["records"])
         return
-    configs = build_configs(args.disable_threshold)
-    unknown = set(args.configs.split(",")) - set(configs)
-    if unknown:
-        sys.exit(f"unknown configs {sorted(unknown)}; known: {list(configs)}")
-    target, draft = synthetic_pair(args.preset, args.draft_accept)
+    configs = selected_configs(args)
     num_prompts = max(
         args.min_requests, args.requests_per_concurrency * max(args.concurrency)
     )
-    rng = random.Random(0)
-    prompts = [
-        [rng.randrange(3, 1000) for _ in range(args.input_len)]
-        for _ in range(num_prompts)
-    ]
-    header = describe_run(args.model_name)
-    out_dir = results_dir(args.out_dir, args.model_name)
-    for name in args.configs.split(","):
-        record = run_config(args, configs[name], target, draft, prompts)
+    target, draft, prompts = model_and_prompts(args, num_prompts)
+    header = describe_run(model_name(args))
+    out_dir = results_dir(args.out_dir, model_name(args))
+    for config in configs:
+        record = run_config(args, config, target, draft, prompts)
         write_results(out_dir, merge_record(out_dir, record, header))
-        print(f"{name}: results in {out_dir}", flush=True)
+        print(f"{config.name}: results in {out_dir}", flush=True)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,10 @@ class TestBenchSweepResults(CustomTestCase):
         )
         nospec = self.bench.config_server_args(args, configs["nospec"], "/d")
         self.assertFalse(any(f.startswith("--speculative") for f in nospec))
+        no_overlap = self.bench.config_server_args(
+            args, configs["nospec-no-overlap"], "/d"
+        )
+        self.assertEqual(no_overlap, nospec + ["--disable-overlap-schedule"])
 
     def test_spec_step_share_from_policy_counts(self):
         configs = self.bench.build_configs(disable_threshold=8)

@@ -1,0 +1,131 @@
+"""Where a decode step's time goes, per config: a torch profile (CPU and GPU) of --steps
+decode steps at a steady batch of C requests, summarized by trace_summary.py.
+
+Each config gets a fresh server (as in bench_sweep.py). Per concurrency C, exactly C
+requests are submitted at once, with outputs long enough that none finishes (and no
+prefill runs) while the profile records; they are cancelled once the trace is written.
+Writes the traces into OUT_DIR/<date>-<model>/profiles/<config>-c<C>/ and the
+summaries into OUT_DIR/<date>-<model>/profiles.json and profiles.md.
+
+Usage:
+  python benchmark/dynamic_spec/profile_decode.py --preset llama8b --draft-accept 0.95
+      --configs nospec,loadaware-topk1,loadaware-topk4 --concurrency 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import json
+import os
+import time
+from typing import Any, Dict, List
+
+import aiohttp
+import bench_sweep as bench
+from trace_summary import format_summary, load_events, summarize_trace
+
+
+async def profile_at(args, config: bench.Config, prompts, concurrency: int) -> str:
+    """Profile --steps decode steps of `concurrency` running requests; returns the trace."""
+    profile_dir = os.path.join(
+        os.path.abspath(bench.results_dir(args.out_dir, bench.model_name(args))),
+        "profiles",
+        f"{config.name}-c{concurrency}",
+    )
+    load = asyncio.create_task(
+        bench.closed_loop(args.url, prompts[:concurrency], args.output_len, concurrency)
+    )
+    await asyncio.sleep(args.warmup_seconds)  # all prefilled, decoding
+    async with aiohttp.ClientSession() as session:
+        request = {
+            "output_dir": profile_dir,
+            "num_steps": args.steps,
+            "activities": ["CPU", "GPU"],
+            "profile_prefix": config.name,
+        }
+        async with session.post(f"{args.url}/start_profile", json=request) as response:
+            response.raise_for_status()
+    try:
+        return await wait_for_trace(profile_dir, load)
+    finally:
+        load.cancel()  # the server aborts requests whose client went away
+        await asyncio.gather(load, return_exceptions=True)
+
+
+async def wait_for_trace(profile_dir: str, load: asyncio.Task, timeout=120) -> str:
+    """The rank-0 trace, once the server has written it; the load must still run."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        traces = glob.glob(os.path.join(profile_dir, "*TP-0*.trace.json.gz"))
+        if traces:
+            await asyncio.sleep(2)  # let the writer finish
+            return traces[0]
+        if load.done():
+            raise RuntimeError(
+                "the requests finished before the profile did: raise --output-len"
+            )
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"no trace written into {profile_dir}")
+
+
+def profile_config(args, config: bench.Config, target, draft, prompts) -> List[dict]:
+    with bench.serving(args, config, target, draft, prompts) as launch:
+        profiles = []
+        for concurrency in args.concurrency:
+            trace = asyncio.run(profile_at(args, config, prompts, concurrency))
+            profiles.append(
+                {
+                    "config": config.name,
+                    "concurrency": concurrency,
+                    "trace": trace,
+                    "summary": summarize_trace(load_events(trace), args.steps),
+                    **launch,
+                }
+            )
+        return profiles
+
+
+def write_profiles(out_dir: str, profiles: List[Dict[str, Any]]) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "profiles.json"), "w") as f:
+        json.dump(profiles, f, indent=1)
+    with open(os.path.join(out_dir, "profiles.md"), "w") as f:
+        for p in profiles:
+            f.write(f"## {p['config']}, {p['concurrency']} running requests\n\n")
+            f.write(f"```\n{format_summary(p['summary'])}\n```\n\n")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    bench.add_server_args(parser)
+    parser.set_defaults(concurrency=[64], output_len=4096)
+    parser.add_argument("--steps", type=int, default=16, help="decode steps profiled")
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=2.0,
+        help="from submitting the requests to starting the profile",
+    )
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    configs = bench.selected_configs(args)
+    target, draft, prompts = bench.model_and_prompts(args, max(args.concurrency))
+    out_dir = bench.results_dir(args.out_dir, bench.model_name(args))
+    profiles = []
+    for config in configs:
+        profiles += profile_config(args, config, target, draft, prompts)
+        write_profiles(out_dir, profiles)
+        print(f"{config.name}: profiles in {out_dir}", flush=True)
+    for p in profiles:
+        print(f"== {p['config']} c{p['concurrency']}\n{format_summary(p['summary'])}")
+
+
+if __name__ == "__main__":
+    main()

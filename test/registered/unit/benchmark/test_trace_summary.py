@@ -1,0 +1,102 @@
+"""benchmark/dynamic_spec/trace_summary.py: the summary of a torch profiler trace
+(GPU busy share, GPU time per CUDA graph, CPU waits, idle gaps). No GPU."""
+
+import gzip
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+
+SCRIPT = Path(__file__).resolve().parents[4] / "benchmark/dynamic_spec/trace_summary.py"
+
+
+def load_trace_summary():
+    spec = importlib.util.spec_from_file_location("trace_summary", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def event(cat, name, ts, dur, correlation=None):
+    args = {} if correlation is None else {"correlation": correlation}
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+# Two steps of 100 us: a 3-kernel graph (the target) and a 1-kernel graph (the draft)
+# per step, an eager kernel, and a 20 us gap in step 2 while the CPU synchronizes.
+TRACE = [
+    event("cuda_runtime", "cudaGraphLaunch", 0, 5, correlation=1),
+    event("kernel", "gemm", 5, 30, correlation=1),
+    event("kernel", "attn", 35, 20, correlation=1),
+    event("kernel", "gemm", 55, 10, correlation=1),
+    event("cuda_runtime", "cudaGraphLaunch", 60, 5, correlation=2),
+    event("kernel", "draft_gemm", 65, 25, correlation=2),
+    event("cuda_runtime", "cudaLaunchKernel", 85, 3, correlation=3),
+    event("kernel", "softmax", 90, 10, correlation=3),
+    event("cuda_runtime", "cudaGraphLaunch", 100, 5, correlation=4),
+    event("kernel", "gemm", 100, 30, correlation=4),
+    event("kernel", "attn", 130, 20, correlation=4),
+    event("kernel", "gemm", 150, 10, correlation=4),
+    event("python_function", "prepare_for_decode", 155, 30),
+    event("cuda_runtime", "cudaStreamSynchronize", 162, 18),
+    event("cuda_runtime", "cudaGraphLaunch", 180, 2, correlation=5),
+    event("kernel", "draft_gemm", 180, 20, correlation=5),
+    {"ph": "i", "name": "marker", "ts": 0},
+]
+
+
+class TestTraceSummary(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.ts = load_trace_summary()
+
+    def test_busy_share_graphs_and_eager_kernels(self):
+        summary = self.ts.summarize_trace(
+            [e for e in TRACE if e.get("ph") == "X"], steps=2
+        )
+        self.assertAlmostEqual(summary["window_ms"], 0.195)
+        self.assertAlmostEqual(summary["gpu_busy_ms"], 0.175)
+        self.assertAlmostEqual(summary["ms_per_step"], 0.0975)
+        self.assertEqual(
+            [(g["kernels_per_graph"], g["launches"]) for g in summary["graphs"]],
+            [(3, 2), (1, 2)],
+        )
+        self.assertAlmostEqual(summary["graphs"][0]["gpu_ms_per_launch"], 0.06)
+        self.assertAlmostEqual(summary["graphs"][1]["gpu_ms_per_launch"], 0.0225)
+        self.assertEqual(summary["eager_kernels"], {"count": 1, "gpu_ms": 0.01})
+        self.assertEqual(summary["top_kernels"][0]["name"], "gemm")
+        self.assertEqual(summary["cpu_waits"][0]["name"], "cudaStreamSynchronize")
+
+    def test_longest_gap_names_what_the_cpu_did(self):
+        summary = self.ts.summarize_trace(TRACE[:-1], steps=2)
+        gap = summary["longest_gpu_gaps"][0]
+        self.assertAlmostEqual(gap["ms"], 0.02)
+        self.assertAlmostEqual(gap["at_ms"], 0.155)
+        self.assertEqual(gap["cpu"], ["prepare_for_decode"])
+
+    def test_reads_gzipped_traces_and_prints(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "x-TP-0.trace.json.gz")
+            with gzip.open(path, "wt") as f:
+                json.dump({"traceEvents": TRACE}, f)
+            events = self.ts.load_events(path)
+        self.assertEqual(len(events), len(TRACE) - 1)
+        text = self.ts.format_summary(self.ts.summarize_trace(events, steps=2))
+        self.assertIn("GPU busy 0.17 ms (89.7%)", text)
+
+    def test_a_trace_without_gpu_activity_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "no GPU activity"):
+            self.ts.summarize_trace([event("cpu_op", "aten::add", 0, 1)], steps=1)
+
+
+if __name__ == "__main__":
+    unittest.main()
