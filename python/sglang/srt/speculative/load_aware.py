@@ -15,9 +15,9 @@ hands it to ``LoadAwarePlainDecode.forward``, which
    EAGLE-3 the concatenated aux hidden states);
 2. keeps the draft KV cache valid for the token just decoded: one draft-extend
    token per request (input = the sampled token, hidden = the target hidden
-   state, written at the KV slot allocated for this step), through the same
-   ``forward_draft_extend_after_decode`` / draft-extend CUDA graph a verify
-   step uses with 0 accepted drafts (num_accept_tokens = 1, ragged padding);
+   state, written at the KV slot allocated for this step), run by
+   ``DraftCatchUp`` (load_aware_draft.py) with decode attention and its own
+   CUDA graphs;
 3. installs the resulting fresh ``EagleDraftInput`` (bonus token = the sampled
    token, draft top-k and hidden state) for *all* requests of the batch, so
    speculation can resume at any step with undiminished acceptance.
@@ -40,16 +40,15 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Iterator, Optional
 
-import torch
-from sglang.srt.layers.moe.utils import (
-    speculative_moe_a2a_backend_context,
-    speculative_moe_backend_context,
-)
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.load_aware_draft import (
+    DraftCatchUp,
+    fresh_attention_backend,
+)
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
 
@@ -66,18 +65,6 @@ def check_load_aware_worker(worker: EAGLEWorker) -> None:
     reason = load_aware_worker_unsupported_reason(worker)
     if reason is not None:
         raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
-
-
-def one_token_accept_counts(
-    max_bs: int, device: torch.device
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(num_correct_drafts = 0, num_accept_tokens = 1) per request of a plain
-    step's draft extend, each [max_bs] int32: allocated once, sliced per step
-    (no hot-path allocations), never modified in place."""
-    return (
-        torch.zeros((max_bs,), dtype=torch.int32, device=device),
-        torch.ones((max_bs,), dtype=torch.int32, device=device),
-    )
 
 
 def load_aware_worker_unsupported_reason(worker: EAGLEWorker) -> Optional[str]:
@@ -122,14 +109,7 @@ class TargetDecodeGraphs:
             "Capture target plain-decode cuda graphs (load-aware speculation) "
             f"begin. avail mem={before_mem:.2f} GB",
         )
-        # A second init_cuda_graph_state on the shared backend would reallocate
-        # buffers the verify graphs point to: build a separate backend instance
-        # (the way upstream's adaptive runtime states do).
-        backup_init_new_workspace = model_runner.init_new_workspace
-        try:
-            attn_backend = model_runner._get_attention_backend(init_new_workspace=True)
-        finally:
-            model_runner.init_new_workspace = backup_init_new_workspace
+        attn_backend = fresh_attention_backend(model_runner, init_new_workspace=True)
         graph_runner = CudaGraphRunner(
             model_runner, attn_backend=attn_backend, plain_decode=True
         )
@@ -168,81 +148,41 @@ class LoadAwarePlainDecode:
         check_load_aware_worker(worker)
         self.worker = worker
         self.target_decode_graphs = TargetDecodeGraphs(worker)
-        self.target_graph_runner = self.target_decode_graphs.graph_runner
-        if self.target_graph_runner is not None:
-            self._check_draft_extend_graph_coverage()
-
-        self._num_correct_drafts, self._num_accept_tokens = one_token_accept_counts(
-            worker.req_to_token_pool.size, worker.device
+        self.draft_catch_up = DraftCatchUp(
+            worker,
+            worker.draft_model_runner,
+            worker.cuda_graph_runner_for_draft_extend,
+            worker.topk,
+            worker.draft_tp_context,
         )
-
-    def _check_draft_extend_graph_coverage(self) -> None:
-        """Plain steps run at every batch size; so does their draft catch-up."""
-        draft_extend_runner = self.worker.cuda_graph_runner_for_draft_extend
-        if draft_extend_runner is None:
-            logger.warning(
-                "Load-aware speculation: no draft-extend cuda graph; the draft "
-                "catch-up of plain steps runs eagerly."
-            )
-            return
-        if draft_extend_runner.max_bs < self.target_graph_runner.max_bs:
-            logger.warning(
-                "Load-aware speculation: draft-extend cuda graphs cover bs <= "
-                f"{draft_extend_runner.max_bs} only, target plain-decode graphs "
-                f"bs <= {self.target_graph_runner.max_bs}; the draft catch-up "
-                "runs eagerly above."
-            )
 
     def forward(self, batch: ScheduleBatch) -> GenerationBatchResult:
         """Run one plain decode step; installs the next draft input on batch."""
         assert batch.forward_mode.is_decode() and not batch.spec_step
         assert batch.spec_info is None, "prepare_for_decode clears spec_info"
-        worker = self.worker
 
         # 1. Target: the decode forward and sampling of a server without
         # speculation, plus the hidden state of the new token for the draft.
         model_worker_batch = batch.get_model_worker_batch()
         model_worker_batch.capture_hidden_mode = CaptureHiddenMode.FULL
         with self.target_decode_graphs.active():
-            result = worker.target_worker.forward_batch_generation(model_worker_batch)
+            result = self.worker.target_worker.forward_batch_generation(
+                model_worker_batch
+            )
         result.num_correct_drafts = 0
 
         # 2. Draft KV catch-up at the slots allocated for this step, and the
         # next draft input (for all requests, finished ones included).
-        with (
-            worker.draft_tp_context(worker.draft_model_runner.tp_group),
-            speculative_moe_backend_context(),
-            speculative_moe_a2a_backend_context(),
-        ):
-            batch.spec_info = self.draft_extend_input(
-                batch,
-                hidden_states=result.logits_output.hidden_states,
-                next_token_ids=result.next_token_ids,
-            )
-            batch.spec_info = worker.forward_draft_extend_after_decode(batch)
-        return result
-
-    def draft_extend_input(
-        self,
-        batch: ScheduleBatch,
-        hidden_states: Optional[torch.Tensor],
-        next_token_ids: torch.Tensor,
-    ) -> EagleDraftExtendInput:
-        """Draft-extend input of a plain step: one accepted token per request.
-
-        The draft model at position p consumes (token at p + 1, target hidden
-        state at p): here p = seq_len - 1, the position the target just
-        decoded, and the token at p + 1 is the one it sampled.
-        """
-        bs = batch.batch_size()
-        return EagleDraftExtendInput(
-            # [bs, target hidden size (x num aux layers for EAGLE-3)]
-            hidden_states=hidden_states,
-            num_correct_drafts=self._num_correct_drafts[:bs],  # [bs], all 0
-            num_accept_tokens=self._num_accept_tokens[:bs],  # [bs], all 1
-            num_accept_tokens_cpu=[1] * bs,
-            input_ids=next_token_ids,  # [bs]
-            seq_lens=batch.seq_lens,  # [bs], counts the decoded token
-            seq_lens_cpu=batch.seq_lens_cpu,
-            req_pool_indices=batch.req_pool_indices,
+        topk_p, topk_index, hidden_states = self.draft_catch_up.run(
+            model_worker_batch,
+            result.logits_output.hidden_states,
+            result.next_token_ids,
         )
+        batch.spec_info = EagleDraftInput(
+            bonus_tokens=result.next_token_ids,  # [bs]
+            hidden_states=hidden_states,  # [bs, draft hidden size]
+            topk_p=topk_p,  # [bs, topk]
+            topk_index=topk_index,  # [bs, topk]
+            capture_hidden_mode=CaptureHiddenMode.LAST,
+        )
+        return result

@@ -5,7 +5,7 @@ overlap scheduler: the SpecPolicy (spec_policy.py) decides once per decode step,
 in ``ScheduleBatch.prepare_for_decode``, whether the step speculates
 (``batch.spec_step``); a plain step runs the target exactly like a decode step
 of a non-speculative overlap server and keeps the draft KV valid with a
-one-token draft extend.
+one-token draft extend (``DraftCatchUp``, load_aware_draft.py).
 
 What overlap changes, and how it is handled:
 
@@ -62,17 +62,10 @@ yet: the invariant a verify step leaves, so the next step may speculate.
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import TYPE_CHECKING, List
 
 import torch
-from sglang.srt.layers.moe.utils import (
-    speculative_moe_a2a_backend_context,
-    speculative_moe_backend_context,
-)
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.speculative.draft_utils import DraftBackendFactory
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_info_v2 import (
     accumulate_delayed_penalties,
@@ -81,17 +74,13 @@ from sglang.srt.speculative.eagle_info_v2 import (
 from sglang.srt.speculative.load_aware import (
     TargetDecodeGraphs,
     check_load_aware_worker,
-    one_token_accept_counts,
 )
-from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
-from sglang.srt.utils.common import fast_topk
+from sglang.srt.speculative.load_aware_draft import DraftCatchUp
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
-logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------
@@ -165,59 +154,15 @@ class LoadAwarePlainDecodeV2:
     def __init__(self, worker: EAGLEWorkerV2):
         check_load_aware_worker(worker)  # topk > 1 never reaches the v2 worker
         self.worker = worker
-        self.draft_worker = worker.draft_worker
         self.target_decode_graphs = TargetDecodeGraphs(worker)
-        self.draft_extend_graph_runner = None
-        if self.target_decode_graphs.graph_runner is not None:
-            self.draft_extend_graph_runner = self._capture_draft_extend_graphs()
-
-        self._num_correct_drafts, self._num_accept_tokens = one_token_accept_counts(
-            worker.req_to_token_pool.size, worker.device
+        draft_worker = worker.draft_worker
+        self.draft_catch_up = DraftCatchUp(
+            draft_worker,
+            draft_worker.draft_runner,
+            draft_worker.cuda_graph_runner_for_draft_extend,
+            draft_worker.topk,
+            draft_worker.draft_tp_context,
         )
-
-    def _capture_draft_extend_graphs(self):
-        """A DRAFT_EXTEND_V2 graph family at one token per request.
-
-        The speculative draft-extend graphs have ``steps + 1`` tokens per
-        request and no ragged padding in DRAFT_EXTEND_V2; a plain step extends
-        one token per request, at every batch size. Attention backends read
-        the step counts at construction, so the backend and runner are built
-        with the worker state temporarily set to (steps 0, 1 draft token), the
-        way upstream builds adaptive runtime states.
-        """
-        worker, draft_worker = self.worker, self.draft_worker
-        spec_runner = draft_worker.cuda_graph_runner_for_draft_extend
-        if spec_runner is None:
-            logger.warning(
-                "Load-aware speculation: no draft-extend cuda graph for this "
-                "attention backend; the draft catch-up of plain steps runs eagerly."
-            )
-            return None
-        tic = time.perf_counter()
-        before_mem = get_available_gpu_memory(worker.device, worker.gpu_id)
-        with (
-            draft_worker.draft_tp_context(draft_worker.draft_runner.tp_group),
-            speculative_moe_backend_context(),
-            speculative_moe_a2a_backend_context(),
-            worker._override_worker_state(0, 1),
-        ):
-            attn_backend = DraftBackendFactory(
-                worker.server_args, draft_worker.draft_runner, draft_worker.topk, 0
-            ).create_draft_extend_backend()
-            graph_runner = type(spec_runner)(
-                draft_worker,
-                draft_extend_attn_backend=attn_backend,
-                speculative_num_steps=0,
-            )
-        after_mem = get_available_gpu_memory(worker.device, worker.gpu_id)
-        log_info_on_rank0(
-            logger,
-            "Capture draft-extend cuda graphs for plain steps (1 token per "
-            f"request) end. Time elapsed: {time.perf_counter() - tic:.2f} s. "
-            f"bs={graph_runner.capture_bs}. "
-            f"mem usage={(before_mem - after_mem):.2f} GB.",
-        )
-        return graph_runner
 
     def forward(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         """Run one plain decode step (forward stream); returns the target result
@@ -240,66 +185,19 @@ class LoadAwarePlainDecodeV2:
         assert result.delay_sample_func is None
 
         # 2. Draft KV catch-up at the slot of this step, and the next draft input.
-        with (
-            self.draft_worker.draft_tp_context(self.draft_worker.draft_runner.tp_group),
-            speculative_moe_backend_context(),
-            speculative_moe_a2a_backend_context(),
-        ):
-            result.next_draft_input = self._draft_extend(batch, result, new_seq_lens)
+        topk_p, topk_index, hidden_states = self.draft_catch_up.run(
+            batch, result.logits_output.hidden_states, result.next_token_ids
+        )
+        result.next_draft_input = EagleDraftInput(
+            topk_p=topk_p,  # [bs, 1]
+            topk_index=topk_index,  # [bs, 1]
+            hidden_states=hidden_states,  # [bs, draft hidden size]
+            bonus_tokens=result.next_token_ids,  # [bs]
+            new_seq_lens=new_seq_lens,  # [bs]
+        )
 
         # Keep the event the plan stream may wait on current (module docstring).
         if worker.plan_stream:
             worker._draft_done_event = device_module.Event()
             worker._draft_done_event.record()
         return result
-
-    def _draft_extend(
-        self,
-        batch: ModelWorkerBatch,
-        result: GenerationBatchResult,
-        new_seq_lens: torch.Tensor,
-    ) -> EagleDraftInput:
-        """One draft-extend token per request: at p = L (the position the target
-        just decoded), the draft consumes (token at p + 1 = the sampled token,
-        target hidden state at p) and writes its KV at the slot of p."""
-        draft_worker = self.draft_worker
-        bs = len(new_seq_lens)
-        # prepare_for_extend_to_fill_draft_kvcache extends from seq_lens.
-        batch.seq_lens = new_seq_lens - 1
-        batch.seq_lens_cpu = batch.seq_lens_cpu - 1
-        batch.seq_lens_sum -= bs
-        extend_input = EagleDraftInput(
-            # [bs, target hidden size (x num aux layers for EAGLE-3)]
-            hidden_states=result.logits_output.hidden_states,
-            num_tokens_per_req=1,
-            num_tokens_for_logprob_per_req=1,
-        )
-        forward_batch = extend_input.prepare_for_extend_to_fill_draft_kvcache(
-            batch,
-            result.next_token_ids,  # [bs]
-            1,
-            draft_worker.draft_runner,
-            self.draft_extend_graph_runner,
-        )
-        # The draft's logprobs are never used (as in _draft_extend_for_prefill).
-        forward_batch.return_logprob = False
-        forward_batch.spec_info.num_correct_drafts = self._num_correct_drafts[:bs]
-        forward_batch.spec_info.num_accept_tokens = self._num_accept_tokens[:bs]
-
-        graph_runner = self.draft_extend_graph_runner
-        if graph_runner is not None and graph_runner.can_run(forward_batch):
-            logits_output = graph_runner.replay(forward_batch)
-        else:
-            logits_output = draft_worker.draft_runner.forward(
-                forward_batch, skip_attn_backend_init=True
-            ).logits_output
-
-        probs = torch.softmax(logits_output.next_token_logits, dim=-1)  # [bs, vocab]
-        topk_p, topk_index = fast_topk(probs, draft_worker.topk, dim=-1)
-        return EagleDraftInput(
-            topk_p=topk_p,  # [bs, 1]
-            topk_index=topk_index,  # [bs, 1]
-            hidden_states=logits_output.hidden_states,  # [bs, draft hidden size]
-            bonus_tokens=result.next_token_ids,  # [bs]
-            new_seq_lens=new_seq_lens,  # [bs]
-        )
