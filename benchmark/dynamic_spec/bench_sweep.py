@@ -45,6 +45,7 @@ from sglang.test.spec_engine_utils import (
 from tqdm import tqdm
 
 V1 = {"SGLANG_ENABLE_SPEC_V2": "0"}
+WARMUP_OUTPUT_LEN = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +257,9 @@ def serving(
     server_args = config_server_args(args, config, draft)
     env = {**config.env, **backend_env(args)}
     with running_server(target, server_args, env=env, base_url=args.url):
-        asyncio.run(closed_loop(args.url, prompts[:8], args.output_len, 8))  # warm up
+        # Warm up (kernel JIT, first replays) with short outputs: profile_decode.py
+        # runs long ones.
+        asyncio.run(closed_loop(args.url, prompts[:8], WARMUP_OUTPUT_LEN, 8))
         yield {"server_args": server_args, "env": env}
 
 
