@@ -25,9 +25,9 @@ from sglang.srt.managers.scheduler_output_processor_mixin import (
     SchedulerOutputProcessorMixin,
 )
 from sglang.srt.managers.utils import GenerationBatchResult, get_alloc_len_per_decode
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-from sglang.srt.speculative import load_aware_v2, spec_utils
+from sglang.srt.speculative import load_aware_draft, load_aware_v2, spec_utils
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.load_aware_v2 import plain_decode_kv_lens
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -386,7 +386,7 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
 
     HIDDEN, DRAFT_HIDDEN, VOCAB = 12, 8, 32
 
-    def make_worker(self, target_calls, extend_calls):
+    def make_worker(self, target_calls, extend_calls, draft_metadata_calls):
         graph_runner_seen = []
         target_model_runner = SimpleNamespace(
             mambaish_config=None, graph_runner="verify-graphs"
@@ -417,8 +417,18 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         draft_logits[
             torch.arange(len(PROMPT_LENS)), torch.arange(len(PROMPT_LENS)) + 3
         ] = 10.0
+        draft_attention = SimpleNamespace(
+            init_forward_metadata=lambda forward_batch: draft_metadata_calls.append(
+                (forward_batch.forward_mode, forward_batch.spec_info)
+            )
+        )
         draft_runner = SimpleNamespace(
             tp_group=None,
+            server_args=SimpleNamespace(disable_cuda_graph=True),
+            req_to_token_pool=self.req_to_token_pool,
+            device="cpu",
+            init_new_workspace=False,
+            _get_attention_backend=lambda init_new_workspace: draft_attention,
             forward=lambda forward_batch, skip_attn_backend_init: SimpleNamespace(
                 logits_output=SimpleNamespace(
                     next_token_logits=draft_logits,
@@ -459,7 +469,9 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
                     out_cache_loc=batch.out_cache_loc.tolist(),
                 )
             )
-            return SimpleNamespace(spec_info=extend_input)
+            return SimpleNamespace(
+                forward_mode=ForwardMode.DRAFT_EXTEND_V2, spec_info=extend_input
+            )
 
         patches = [
             mock.patch.object(torch.Tensor, "record_stream", lambda self, s: None),
@@ -469,12 +481,12 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
                 prepare_extend,
             ),
             mock.patch.object(
-                load_aware_v2,
+                load_aware_draft,
                 "speculative_moe_backend_context",
                 contextlib.nullcontext,
             ),
             mock.patch.object(
-                load_aware_v2,
+                load_aware_draft,
                 "speculative_moe_a2a_backend_context",
                 contextlib.nullcontext,
             ),
@@ -485,8 +497,10 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         return load_aware_v2.LoadAwarePlainDecodeV2(worker), graph_runner_seen
 
     def test_forward(self):
-        target_calls, extend_calls = [], []
-        plain, graph_runner_seen = self.make_worker(target_calls, extend_calls)
+        target_calls, extend_calls, draft_metadata_calls = [], [], []
+        plain, graph_runner_seen = self.make_worker(
+            target_calls, extend_calls, draft_metadata_calls
+        )
         batch = self.prefilled_batch()
         seq_lens = batch.seq_lens.tolist()
         batch.prepare_for_decode(FixedPolicy([False]))
@@ -522,6 +536,8 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         self.assertEqual(call["seq_lens_sum"], sum(seq_lens))
         self.assertEqual(call["out_cache_loc"], out_cache_loc)
         self.assertEqual(call["hidden_states"][:, 0].tolist(), [0, 1, 2, 3])
+        # ... whose attention is planned as a decode (eager here).
+        self.assertEqual(draft_metadata_calls, [(ForwardMode.DECODE, None)])
 
         # The next draft input, for every request, as the future map stores it.
         nxt = result.next_draft_input
