@@ -46,6 +46,17 @@ from tqdm import tqdm
 
 V1 = {"SGLANG_ENABLE_SPEC_V2": "0"}
 WARMUP_OUTPUT_LEN = 32
+# The per-point keys of summary.json (the machine-readable results).
+SUMMARY_POINT_KEYS = (
+    "config",
+    "concurrency",
+    "output_tok_s",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "ttft_p50_ms",
+    "accept_length",
+    "spec_step_share",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,21 +440,7 @@ def write_results(out_dir: str, records: List[dict]) -> None:
         "gpu": ", ".join(gpus),
         "commit": ", ".join(commits),
         "points": [
-            {
-                k: p[k]
-                for k in (
-                    "config",
-                    "concurrency",
-                    "output_tok_s",
-                    "tpot_p50_ms",
-                    "tpot_p99_ms",
-                    "ttft_p50_ms",
-                    "accept_length",
-                    "spec_step_share",
-                )
-            }
-            for r in records
-            for p in r["points"]
+            {k: p[k] for k in SUMMARY_POINT_KEYS} for r in records for p in r["points"]
         ],
         "ramp": [
             {"config": r["ramp"]["config"], "output_tok_s": r["ramp"]["output_tok_s"]}

@@ -27,12 +27,12 @@ import bench_sweep as bench
 from trace_summary import format_summary, load_events, summarize_trace
 
 
-async def profile_at(args, config: bench.Config, prompts, concurrency: int) -> str:
+async def profile_at(
+    args, config: bench.Config, prompts, concurrency: int, out_dir: str
+) -> str:
     """Profile --steps decode steps of `concurrency` running requests; returns the trace."""
     profile_dir = os.path.join(
-        os.path.abspath(bench.results_dir(args.out_dir, bench.model_name(args))),
-        "profiles",
-        f"{config.name}-c{concurrency}",
+        os.path.abspath(out_dir), "profiles", f"{config.name}-c{concurrency}"
     )
     load = asyncio.create_task(
         bench.closed_loop(args.url, prompts[:concurrency], args.output_len, concurrency)
@@ -70,11 +70,13 @@ async def wait_for_trace(profile_dir: str, load: asyncio.Task, timeout=120) -> s
     raise RuntimeError(f"no trace written into {profile_dir}")
 
 
-def profile_config(args, config: bench.Config, target, draft, prompts) -> List[dict]:
+def profile_config(
+    args, config: bench.Config, target, draft, prompts, out_dir: str
+) -> List[dict]:
     with bench.serving(args, config, target, draft, prompts) as launch:
         profiles = []
         for concurrency in args.concurrency:
-            trace = asyncio.run(profile_at(args, config, prompts, concurrency))
+            trace = asyncio.run(profile_at(args, config, prompts, concurrency, out_dir))
             profiles.append(
                 {
                     "config": config.name,
@@ -120,7 +122,7 @@ def main() -> None:
     out_dir = bench.results_dir(args.out_dir, bench.model_name(args))
     profiles = []
     for config in configs:
-        profiles += profile_config(args, config, target, draft, prompts)
+        profiles += profile_config(args, config, target, draft, prompts, out_dir)
         write_profiles(out_dir, profiles)
         print(f"{config.name}: profiles in {out_dir}", flush=True)
     for p in profiles:
