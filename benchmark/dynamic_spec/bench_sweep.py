@@ -65,11 +65,24 @@ class Config:
     spec: Optional[Dict[str, int]]  # eagle3_args' step counts; None: no speculation
     extra_args: List[str]
     env: Dict[str, str]
-    load_aware: bool = False
+    # Load-aware configs only: the same speculation always on, which they are judged against.
+    always_on: Optional[str] = None
+
+    @property
+    def load_aware(self) -> bool:
+        return self.always_on is not None
 
 
-def build_configs(disable_threshold: int) -> Dict[str, Config]:
-    load_aware = ["--speculative-disable-batch-threshold", str(disable_threshold)]
+def build_configs(
+    disable_threshold: int, per_config: Optional[Dict[str, int]] = None
+) -> Dict[str, Config]:
+    """per_config: disable thresholds of named load-aware configs (the others get
+    disable_threshold)."""
+
+    def load_aware(name: str) -> List[str]:
+        threshold = (per_config or {}).get(name, disable_threshold)
+        return ["--speculative-disable-batch-threshold", str(threshold)]
+
     return {
         c.name: c
         for c in [
@@ -80,14 +93,36 @@ def build_configs(disable_threshold: int) -> Dict[str, Config]:
             Config("eagle3-topk1", EAGLE3_CHAIN, [], {}),
             Config("eagle3-topk4", EAGLE3_TREE, [], {}),
             # topk 1 runs on the spec-v2 overlap worker, like eagle3-topk1.
-            Config("loadaware-topk1", EAGLE3_CHAIN, load_aware, {}, load_aware=True),
-            Config("loadaware-topk1-v1", EAGLE3_CHAIN, load_aware, V1, load_aware=True),
-            Config("loadaware-topk4", EAGLE3_TREE, load_aware, {}, load_aware=True),
+            Config(
+                "loadaware-topk1",
+                EAGLE3_CHAIN,
+                load_aware("loadaware-topk1"),
+                {},
+                always_on="eagle3-topk1",
+            ),
+            Config(
+                "loadaware-topk1-v1",
+                EAGLE3_CHAIN,
+                load_aware("loadaware-topk1-v1"),
+                V1,
+                always_on="eagle3-topk1",
+            ),
+            Config(
+                "loadaware-topk4",
+                EAGLE3_TREE,
+                load_aware("loadaware-topk4"),
+                {},
+                always_on="eagle3-topk4",
+            ),
             Config(
                 "upstream-adaptive-topk1", EAGLE3_CHAIN, ["--speculative-adaptive"], {}
             ),
         ]
     }
+
+
+# Names, order and references of the configs (the threshold does not matter here).
+KNOWN_CONFIGS = build_configs(disable_threshold=2)
 
 
 @dataclasses.dataclass
@@ -361,6 +396,88 @@ def markdown_table(records: List[dict]) -> str:
     )
 
 
+# Issue targets for a load-aware config: (what, minimum ratio).
+TARGETS = (
+    ("every C: vs max(nospec, always on)", 0.97),
+    ("C >= N: vs nospec", 0.98),
+    ("ramp: vs the better static config", 1.05),
+    ("KV tokens: vs always on", 0.97),
+)
+
+
+def disable_threshold_of(record: dict) -> int:
+    flags = record["server_args"]
+    return int(flags[flags.index("--speculative-disable-batch-threshold") + 1])
+
+
+def worst_ratio(
+    record: dict, references: List[dict], min_concurrency: int = 0
+) -> Optional[Tuple[float, int]]:
+    """(lowest tok/s ratio to the best of references, at which C) over the
+    concurrencies every record measured."""
+    by_c = [
+        {p["concurrency"]: p["output_tok_s"] for p in r["points"]} for r in references
+    ]
+    ratios = [
+        (
+            p["output_tok_s"] / max(ref[p["concurrency"]] for ref in by_c),
+            p["concurrency"],
+        )
+        for p in record["points"]
+        if p["concurrency"] >= min_concurrency
+        and all(p["concurrency"] in ref for ref in by_c)
+    ]
+    return min(ratios) if ratios else None
+
+
+def target_ratios(
+    record: dict, by_name: Dict[str, dict]
+) -> List[Optional[Tuple[float, Optional[int]]]]:
+    """The load-aware record's ratio for each of TARGETS (None: a reference is missing)."""
+    nospec = by_name.get("nospec")
+    always_on = by_name.get(KNOWN_CONFIGS[record["config"]].always_on)
+    statics = [r for r in (nospec, always_on) if r is not None]
+
+    def ramp(r: dict) -> float:
+        return r["ramp"]["output_tok_s"]
+
+    return [
+        worst_ratio(record, statics) if len(statics) == 2 else None,
+        worst_ratio(record, [nospec], disable_threshold_of(record)) if nospec else None,
+        (
+            (ramp(record) / max(ramp(r) for r in statics), None)
+            if len(statics) == 2
+            else None
+        ),
+        (
+            (record["kv_capacity_tokens"] / always_on["kv_capacity_tokens"], None)
+            if always_on
+            else None
+        ),
+    ]
+
+
+def targets_table(records: List[dict]) -> str:
+    by_name = {r["config"]: r for r in records}
+    lines = [
+        "| config | " + " | ".join(f"{what} >= {low}" for what, low in TARGETS) + " |",
+        "|---" * (1 + len(TARGETS)) + "|",
+    ]
+    for record in records:
+        if not KNOWN_CONFIGS[record["config"]].load_aware:
+            continue
+        cells = []
+        for (_, low), ratio in zip(TARGETS, target_ratios(record, by_name)):
+            if ratio is None:
+                cells.append("-")
+                continue
+            value, concurrency = ratio
+            at = f" at C={concurrency}" if concurrency is not None else ""
+            cells.append(f"{value:.2f}{at} {'met' if value >= low else 'missed'}")
+        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(records: List[dict], path: str, title: str) -> None:
     try:
         import matplotlib
@@ -415,7 +532,7 @@ def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dic
     """Add a finished config to raw.json (replacing an older record of it); returns
     all records, in config order. Locked: invocations on other GPUs may write too."""
     os.makedirs(out_dir, exist_ok=True)
-    order = list(build_configs(disable_threshold=2))
+    order = list(KNOWN_CONFIGS)
     with open(os.path.join(out_dir, "raw.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         raw_path = os.path.join(out_dir, "raw.json")
@@ -453,12 +570,24 @@ def write_results(out_dir: str, records: List[dict]) -> None:
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(f"# {model} on {summary['gpu']}\n\n")
         f.write(markdown_table(records))
+        f.write(
+            "\nTargets (output tok/s ratios; N: the config's disable threshold):\n\n"
+        )
+        f.write(targets_table(records))
         f.write("\nCommands (commit):\n\n")
         for r in records:
             f.write(f"- {r['config']}: `{r['command']}` ({r['commit']})\n")
     plot(
         records, os.path.join(out_dir, "throughput.png"), f"{model} on {summary['gpu']}"
     )
+
+
+def config_threshold(text: str) -> Tuple[str, int]:
+    name, _, value = text.partition("=")
+    try:
+        return name, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CONFIG=N, got {text!r}")
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -478,7 +607,20 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         type=lambda s: [int(x) for x in s.split(",")],
         default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
     )
-    parser.add_argument("--disable-threshold", type=int, default=16)
+    parser.add_argument(
+        "--disable-threshold",
+        type=int,
+        default=16,
+        help="--speculative-disable-batch-threshold of the load-aware configs",
+    )
+    parser.add_argument(
+        "--disable-threshold-for",
+        type=config_threshold,
+        action="append",
+        default=[],
+        metavar="CONFIG=N",
+        help="the threshold of one load-aware config (repeatable), e.g. loadaware-topk1=48",
+    )
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--attention-backend", default="triton")
@@ -492,7 +634,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def selected_configs(args) -> List[Config]:
-    configs = build_configs(args.disable_threshold)
+    per_config = dict(args.disable_threshold_for)
+    configs = build_configs(args.disable_threshold, per_config)
+    not_load_aware = [
+        n for n in per_config if n not in configs or not configs[n].load_aware
+    ]
+    if not_load_aware:
+        sys.exit(f"--disable-threshold-for: not load-aware configs: {not_load_aware}")
     names = args.configs.split(",")
     unknown = set(names) - set(configs)
     if unknown:

@@ -89,12 +89,39 @@ class TestBenchSweepResults(CustomTestCase):
             "--speculative-disable-batch-threshold 16",
             flags,
         )
+        per_config = self.bench.build_configs(16, {"loadaware-topk1": 48})
+        self.assertIn(
+            "--speculative-disable-batch-threshold 48",
+            " ".join(
+                self.bench.config_server_args(args, per_config["loadaware-topk1"], "/d")
+            ),
+        )
         nospec = self.bench.config_server_args(args, configs["nospec"], "/d")
         self.assertFalse(any(f.startswith("--speculative") for f in nospec))
         no_overlap = self.bench.config_server_args(
             args, configs["nospec-no-overlap"], "/d"
         )
         self.assertEqual(no_overlap, nospec + ["--disable-overlap-schedule"])
+
+    def test_per_config_thresholds_only_for_load_aware_configs(self):
+        parser = argparse.ArgumentParser()
+        self.bench.add_server_args(parser)
+        args = parser.parse_args(
+            [
+                "--configs",
+                "loadaware-topk1",
+                "--disable-threshold-for",
+                "loadaware-topk1=48",
+            ]
+        )
+        self.assertEqual(args.disable_threshold_for, [("loadaware-topk1", 48)])
+        (config,) = self.bench.selected_configs(args)
+        self.assertEqual(config.extra_args[-1], "48")
+        args.disable_threshold_for = [("nospec", 48)]
+        with self.assertRaises(SystemExit):
+            self.bench.selected_configs(args)
+        with self.assertRaises(argparse.ArgumentTypeError):
+            self.bench.config_threshold("loadaware-topk1:48")
 
     def test_spec_step_share_from_policy_counts(self):
         configs = self.bench.build_configs(disable_threshold=8)
@@ -127,7 +154,14 @@ class TestBenchSweepResults(CustomTestCase):
             for c in (1, 8)
         ]
         ramp = {"config": name, "output_tok_s": speed * 4, "phases": []}
-        return dict(config=name, points=points, ramp=ramp, kv_capacity_tokens=1000)
+        server_args = ["--speculative-disable-batch-threshold", "8"]
+        return dict(
+            config=name,
+            points=points,
+            ramp=ramp,
+            kv_capacity_tokens=1000,
+            server_args=server_args if name.startswith("loadaware") else [],
+        )
 
     def header(self, commit: str) -> dict:
         return {"model": "tiny-p0.8", "gpu": "none", "commit": commit, "command": "b"}
@@ -157,6 +191,25 @@ class TestBenchSweepResults(CustomTestCase):
                 Path(out_dir, "results.md").read_text(),
             )
             self.assertGreater(os.path.getsize(Path(out_dir, "throughput.png")), 1000)
+
+    def test_targets_compare_load_aware_with_the_static_configs(self):
+        nospec, always_on = self.record("nospec", 100.0), self.record(
+            "eagle3-topk4", 90.0
+        )
+        load_aware = self.record("loadaware-topk4", 95.0)
+        load_aware["points"][0]["output_tok_s"] = 99.0  # C=1: vs max(100, 90)
+        load_aware["kv_capacity_tokens"] = 960
+        table = self.bench.targets_table([nospec, always_on, load_aware])
+        self.assertIn(
+            "| loadaware-topk4 | 0.95 at C=8 missed | 0.95 at C=8 missed "
+            "| 0.95 missed | 0.96 missed |",
+            table,
+        )
+        self.assertNotIn("| nospec |", table)
+        # A missing reference leaves its targets open; C < N is not compared with nospec.
+        load_aware["points"][1]["output_tok_s"] = 1000.0
+        table = self.bench.targets_table([nospec, load_aware])
+        self.assertIn("| loadaware-topk4 | - | 1.25 at C=8 met | - | - |", table)
 
     def test_a_config_measured_again_replaces_its_record(self):
         with tempfile.TemporaryDirectory() as out_dir:
