@@ -478,6 +478,39 @@ def targets_table(records: List[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def crossover_concurrency(nospec: dict, always_on: dict) -> Optional[int]:
+    """The lowest C from which no speculation stays at least as fast as always_on
+    (at every larger C both measured): the disable threshold this data suggests.
+    None: speculation was faster at the largest C."""
+    nospec_by_c = {p["concurrency"]: p["output_tok_s"] for p in nospec["points"]}
+    spec_by_c = {p["concurrency"]: p["output_tok_s"] for p in always_on["points"]}
+    crossover = None
+    for c in sorted(set(nospec_by_c) & set(spec_by_c), reverse=True):
+        if nospec_by_c[c] < spec_by_c[c]:
+            break
+        crossover = c
+    return crossover
+
+
+def suggested_thresholds(records: List[dict]) -> str:
+    by_name = {r["config"]: r for r in records}
+    if "nospec" not in by_name:
+        return ""
+    lines = []
+    for name in sorted({c.always_on for c in KNOWN_CONFIGS.values() if c.load_aware}):
+        if name not in by_name:
+            continue
+        c = crossover_concurrency(by_name["nospec"], by_name[name])
+        if c is None:
+            advice = "speculation was faster at the largest C measured"
+        elif c == min(p["concurrency"] for p in by_name[name]["points"]):
+            advice = "no speculation was as fast at every C: speculation does not pay"
+        else:
+            advice = f"no speculation is as fast from C={c} on: disable threshold {c}"
+        lines.append(f"- {name}: {advice}\n")
+    return "".join(lines)
+
+
 def plot(records: List[dict], path: str, title: str) -> None:
     try:
         import matplotlib
@@ -574,6 +607,8 @@ def write_results(out_dir: str, records: List[dict]) -> None:
             "\nTargets (output tok/s ratios; N: the config's disable threshold):\n\n"
         )
         f.write(targets_table(records))
+        f.write("\nThresholds suggested by these points (against nospec):\n\n")
+        f.write(suggested_thresholds(records))
         f.write("\nCommands (commit):\n\n")
         for r in records:
             f.write(f"- {r['config']}: `{r['command']}` ({r['commit']})\n")

@@ -211,6 +211,23 @@ class TestBenchSweepResults(CustomTestCase):
         table = self.bench.targets_table([nospec, load_aware])
         self.assertIn("| loadaware-topk4 | - | 1.25 at C=8 met | - | - |", table)
 
+    def test_suggested_threshold_is_where_no_speculation_stays_ahead(self):
+        nospec, spec = self.record("nospec", 100.0), self.record("eagle3-topk1", 0.0)
+        for p in nospec["points"] + spec["points"]:
+            p["concurrency"] *= 4  # C = 4, 32
+        spec["points"][0]["output_tok_s"] = 500.0  # speculation wins at C=4
+        self.assertEqual(self.bench.crossover_concurrency(nospec, spec), 32)
+        self.assertIn(
+            "- eagle3-topk1: no speculation is as fast from C=32 on: disable threshold 32",
+            self.bench.suggested_thresholds([nospec, spec]),
+        )
+        spec["points"][1]["output_tok_s"] = 4000.0  # and at C=32
+        self.assertIsNone(self.bench.crossover_concurrency(nospec, spec))
+        spec["points"][0]["output_tok_s"] = spec["points"][1]["output_tok_s"] = 1.0
+        self.assertIn(
+            "speculation does not pay", self.bench.suggested_thresholds([nospec, spec])
+        )
+
     def test_a_config_measured_again_replaces_its_record(self):
         with tempfile.TemporaryDirectory() as out_dir:
             self.bench.merge_record(
