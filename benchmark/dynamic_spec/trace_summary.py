@@ -2,8 +2,9 @@
 
 Reports the GPU busy share over the profiled window, the time per step, GPU time per CUDA
 graph (grouped by graph size, so the target's and the draft's graphs show apart), kernels
-launched outside graphs, the CPU's blocking waits on the GPU, and the longest GPU idle gaps
-with what the CPU was doing meanwhile.
+launched outside graphs and the CPU's blocking waits on the GPU (each with the sglang
+function that issued it), and the longest GPU idle gaps with what the CPU was doing
+meanwhile.
 
 Usage:
   python benchmark/dynamic_spec/trace_summary.py TRACE.json.gz [--steps N]
@@ -19,6 +20,8 @@ from typing import Any, Dict, Iterable, List, Tuple
 
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 CPU_CONTEXT_CATEGORIES = {"python_function", "user_annotation"}
+# Where an eager kernel or a CPU wait is attributed: the innermost frame of this code.
+SITE_PATTERN = "sglang/"
 Interval = Tuple[float, float]  # (start, end), microseconds
 
 
@@ -48,23 +51,23 @@ def idle_gaps(busy: List[Interval]) -> List[Interval]:
 
 def graph_launch_groups(
     events: List[Dict[str, Any]], gpu: List[Dict[str, Any]]
-) -> Tuple[List[Dict[str, Any]], float, int]:
+) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """GPU time of each cudaGraphLaunch (its kernels share the launch's correlation id),
-    grouped by the number of kernels in the graph; plus the GPU time and number of the
-    kernels launched outside graphs."""
+    grouped by the number of kernels in the graph; plus the GPU events outside graphs.
+    """
     graph_correlations = {
         e["args"]["correlation"]
         for e in events
         if e.get("cat") == "cuda_runtime" and e["name"] == "cudaGraphLaunch"
     }
     per_launch: Dict[int, List[float]] = collections.defaultdict(list)
-    eager_us, eager_count = 0.0, 0
+    eager = []
     for e in gpu:
         correlation = e.get("args", {}).get("correlation")
         if correlation in graph_correlations:
             per_launch[correlation].append(e["dur"])
         else:
-            eager_us, eager_count = eager_us + e["dur"], eager_count + 1
+            eager.append(e)
     groups: Dict[int, List[float]] = collections.defaultdict(list)
     for durations in per_launch.values():
         groups[len(durations)].append(sum(durations))
@@ -76,7 +79,7 @@ def graph_launch_groups(
         }
         for size, times in sorted(groups.items(), key=lambda kv: -sum(kv[1]))
     ]
-    return summary, eager_us / 1000, eager_count
+    return summary, eager
 
 
 def cpu_context(events: List[Dict[str, Any]], at: float, limit: int = 4) -> List[str]:
@@ -89,6 +92,53 @@ def cpu_context(events: List[Dict[str, Any]], at: float, limit: int = 4) -> List
     ]
     covering.sort(key=lambda e: e["dur"])
     return [e["name"] for e in covering[:limit]]
+
+
+def innermost_frames(
+    events: List[Dict[str, Any]], queries: List[Tuple[Any, float]]
+) -> List[str]:
+    """For each (thread id, time): the innermost Python frame of SITE_PATTERN running
+    on that thread at that time ("-" when none). One sweep per thread over its
+    (properly nested) Python frames."""
+    frames_by_tid: Dict[Any, List[Dict[str, Any]]] = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") == "python_function" and SITE_PATTERN in e["name"]:
+            frames_by_tid[e.get("tid")].append(e)
+    for frames in frames_by_tid.values():
+        frames.sort(key=lambda e: (e["ts"], -e["dur"]))  # outer frame first
+
+    def ended_before(frame: Dict[str, Any], t: float) -> bool:
+        return frame["ts"] + frame["dur"] < t
+
+    next_frame: Dict[Any, int] = collections.defaultdict(int)
+    stacks: Dict[Any, List[Dict[str, Any]]] = collections.defaultdict(list)
+    sites = ["-"] * len(queries)
+    for i in sorted(range(len(queries)), key=lambda i: queries[i][1]):
+        tid, t = queries[i]
+        frames, stack = frames_by_tid.get(tid, []), stacks[tid]
+        while next_frame[tid] < len(frames) and frames[next_frame[tid]]["ts"] <= t:
+            frame = frames[next_frame[tid]]
+            while stack and ended_before(stack[-1], frame["ts"]):
+                stack.pop()
+            stack.append(frame)
+            next_frame[tid] += 1
+        while stack and ended_before(stack[-1], t):
+            stack.pop()
+        if stack:
+            sites[i] = stack[-1]["name"]
+    return sites
+
+
+def sites_of(
+    events: List[Dict[str, Any]], issued: List[Tuple[Dict[str, Any], float]], top: int
+) -> List[Dict[str, Any]]:
+    """issued: (CPU runtime event, its cost); count and cost per issuing frame."""
+    sites = innermost_frames(events, [(e.get("tid"), e["ts"]) for e, _ in issued])
+    per_site: Dict[str, List[float]] = collections.defaultdict(list)
+    for site, (_, cost) in zip(sites, issued):
+        per_site[site].append(cost)
+    ranked = sorted(per_site.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:top]
+    return [{"site": s, "count": len(c), "ms": sum(c) / 1000} for s, c in ranked]
 
 
 def summarize_trace(
@@ -106,12 +156,23 @@ def summarize_trace(
         kernel_time[e["name"]].append(e["dur"])
     top_kernels = sorted(kernel_time.items(), key=lambda kv: -sum(kv[1]))[:top]
 
+    runtime = [e for e in events if e.get("cat") == "cuda_runtime"]
+    syncs = [e for e in runtime if "Synchronize" in e["name"]]
     waits: Dict[str, List[float]] = collections.defaultdict(list)
-    for e in events:
-        if e.get("cat") == "cuda_runtime" and "Synchronize" in e["name"]:
-            waits[e["name"]].append(e["dur"])
+    for e in syncs:
+        waits[e["name"]].append(e["dur"])
 
-    graphs, eager_ms, eager_count = graph_launch_groups(events, gpu)
+    graphs, eager = graph_launch_groups(events, gpu)
+    launch_of = {
+        e["args"]["correlation"]: e
+        for e in runtime
+        if "correlation" in e.get("args", {})
+    }
+    eager_launched = [
+        (launch_of[correlation], e["dur"])
+        for e in eager
+        if (correlation := e.get("args", {}).get("correlation")) in launch_of
+    ]
     return {
         "window_ms": window_us / 1000,
         "gpu_busy_ms": busy_us / 1000,
@@ -119,7 +180,11 @@ def summarize_trace(
         "steps": steps,
         "ms_per_step": window_us / 1000 / steps,
         "graphs": graphs,
-        "eager_kernels": {"count": eager_count, "gpu_ms": eager_ms},
+        "eager_kernels": {
+            "count": len(eager),
+            "gpu_ms": sum(e["dur"] for e in eager) / 1000,
+        },
+        "eager_kernel_sites": sites_of(events, eager_launched, top),
         "top_kernels": [
             {"name": name[:90], "count": len(d), "gpu_ms": sum(d) / 1000}
             for name, d in top_kernels
@@ -128,6 +193,7 @@ def summarize_trace(
             {"name": name, "count": len(d), "ms": sum(d) / 1000}
             for name, d in sorted(waits.items(), key=lambda kv: -sum(kv[1]))
         ],
+        "cpu_wait_sites": sites_of(events, [(e, e["dur"]) for e in syncs], top),
         "longest_gpu_gaps": [
             {
                 "ms": (end - start) / 1000,
@@ -137,6 +203,12 @@ def summarize_trace(
             for start, end in idle_gaps(busy)[:top]
         ],
     }
+
+
+def format_sites(sites: List[Dict[str, Any]], unit: str) -> List[str]:
+    return [f"  issued by (count, {unit}):"] + [
+        f"    {s['count']:5d} {s['ms']:8.2f}  {s['site']}" for s in sites
+    ]
 
 
 def format_summary(summary: Dict[str, Any]) -> str:
@@ -152,6 +224,7 @@ def format_summary(summary: Dict[str, Any]) -> str:
     ]
     eager = summary["eager_kernels"]
     lines.append(f"kernels outside graphs: {eager['count']}, {eager['gpu_ms']:.2f} ms")
+    lines += format_sites(summary["eager_kernel_sites"], "GPU ms")
     lines.append("top kernels (count, GPU ms):")
     lines += [
         f"  {k['count']:5d} {k['gpu_ms']:8.2f}  {k['name']}"
@@ -161,6 +234,7 @@ def format_summary(summary: Dict[str, Any]) -> str:
     lines += [
         f"  {w['count']:5d} {w['ms']:8.2f}  {w['name']}" for w in summary["cpu_waits"]
     ]
+    lines += format_sites(summary["cpu_wait_sites"], "ms")
     lines.append("longest GPU idle gaps (ms at ms: CPU meanwhile):")
     lines += [
         f"  {g['ms']:.3f} at {g['at_ms']:.1f}: {' < '.join(g['cpu'])}"

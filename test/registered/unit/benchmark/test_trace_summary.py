@@ -26,14 +26,35 @@ def load_trace_summary():
     return module
 
 
-def event(cat, name, ts, dur, correlation=None):
+def event(cat, name, ts, dur, correlation=None, tid=1):
     args = {} if correlation is None else {"correlation": correlation}
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+        "tid": tid,
+    }
+
+
+RUN_BATCH = "sglang/srt/managers/scheduler.py(1): run_batch"
+CATCH_UP = "sglang/srt/speculative/load_aware_draft.py(2): run"
+PREPARE = "sglang/srt/managers/schedule_batch.py(3): prepare_for_decode"
 
 
 # Two steps of 100 us: a 3-kernel graph (the target) and a 1-kernel graph (the draft)
 # per step, an eager kernel, and a 20 us gap in step 2 while the CPU synchronizes.
+# Python frames: thread 1 runs the scheduler, thread 2 something else meanwhile.
 TRACE = [
+    event("python_function", RUN_BATCH, 0, 200),
+    event("python_function", "sglang/srt/utils.py(4): ended_before_launch", 10, 10),
+    event("python_function", CATCH_UP, 80, 15),
+    event("python_function", "torch/nn/modules/module.py(5): _call_impl", 84, 4),
+    event(
+        "python_function", "sglang/srt/managers/tokenizer.py(6): loop", 0, 200, tid=2
+    ),
     event("cuda_runtime", "cudaGraphLaunch", 0, 5, correlation=1),
     event("kernel", "gemm", 5, 30, correlation=1),
     event("kernel", "attn", 35, 20, correlation=1),
@@ -46,7 +67,7 @@ TRACE = [
     event("kernel", "gemm", 100, 30, correlation=4),
     event("kernel", "attn", 130, 20, correlation=4),
     event("kernel", "gemm", 150, 10, correlation=4),
-    event("python_function", "prepare_for_decode", 155, 30),
+    event("python_function", PREPARE, 155, 30),
     event("cuda_runtime", "cudaStreamSynchronize", 162, 18),
     event("cuda_runtime", "cudaGraphLaunch", 180, 2, correlation=5),
     event("kernel", "draft_gemm", 180, 20, correlation=5),
@@ -76,12 +97,21 @@ class TestTraceSummary(CustomTestCase):
         self.assertEqual(summary["top_kernels"][0]["name"], "gemm")
         self.assertEqual(summary["cpu_waits"][0]["name"], "cudaStreamSynchronize")
 
+    def test_eager_kernels_and_waits_name_the_sglang_function_that_issued_them(self):
+        summary = self.ts.summarize_trace(TRACE[:-1], steps=2)
+        self.assertEqual(
+            summary["eager_kernel_sites"], [{"site": CATCH_UP, "count": 1, "ms": 0.01}]
+        )
+        self.assertEqual(
+            summary["cpu_wait_sites"], [{"site": PREPARE, "count": 1, "ms": 0.018}]
+        )
+
     def test_longest_gap_names_what_the_cpu_did(self):
         summary = self.ts.summarize_trace(TRACE[:-1], steps=2)
         gap = summary["longest_gpu_gaps"][0]
         self.assertAlmostEqual(gap["ms"], 0.02)
         self.assertAlmostEqual(gap["at_ms"], 0.155)
-        self.assertEqual(gap["cpu"], ["prepare_for_decode"])
+        self.assertEqual(gap["cpu"][0], PREPARE)
 
     def test_reads_gzipped_traces_and_prints(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -92,6 +122,7 @@ class TestTraceSummary(CustomTestCase):
         self.assertEqual(len(events), len(TRACE) - 1)
         text = self.ts.format_summary(self.ts.summarize_trace(events, steps=2))
         self.assertIn("GPU busy 0.17 ms (89.7%)", text)
+        self.assertIn(f"        1     0.01  {CATCH_UP}", text)
 
     def test_a_trace_without_gpu_activity_is_refused(self):
         with self.assertRaisesRegex(ValueError, "no GPU activity"):
