@@ -10,6 +10,9 @@ OUT_DIR/<date>-<model>/ (a config measured again replaces its old record), so co
 be measured over several invocations, or at once on separate GPUs (CUDA_VISIBLE_DEVICES
 and --url per invocation).
 
+With --tp-size N every server is tensor-parallel over the visible GPUs and the results go
+to OUT_DIR/<date>-<model>-tpN/.
+
 Usage:
   python benchmark/dynamic_spec/bench_sweep.py --preset llama8b --draft-accept 0.95
       --configs nospec,eagle3-topk4,loadaware-topk4 --concurrency 1,2,4,8,16,32,64,128,256
@@ -281,6 +284,7 @@ def config_server_args(args, config: Config, draft: str) -> List[str]:
     server_args = cli_args(
         dict(
             attention_backend=args.attention_backend,
+            tp_size=args.tp_size,
             cuda_graph_max_bs=max_bs,
             max_running_requests=max_bs,
             mem_fraction_static=args.mem_fraction_static,
@@ -659,6 +663,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--attention-backend", default="triton")
+    parser.add_argument(
+        "--tp-size", type=int, default=1, help="tensor parallelism of every server"
+    )
     parser.add_argument("--flashinfer-workspace-mib", type=int, default=1024)
     parser.add_argument("--mem-fraction-static", type=float, default=0.8)
     parser.add_argument("--url", default="http://127.0.0.1:31000")
@@ -696,7 +703,8 @@ def model_and_prompts(args, num_prompts: int) -> Tuple[str, str, List[List[int]]
 
 
 def model_name(args) -> str:
-    return f"{args.preset}-p{args.draft_accept}"
+    tp = f"-tp{args.tp_size}" if args.tp_size > 1 else ""
+    return f"{args.preset}-p{args.draft_accept}{tp}"
 
 
 def parse_args() -> argparse.Namespace:

@@ -75,11 +75,15 @@ class TestBenchSweepResults(CustomTestCase):
     def test_config_server_flags(self):
         configs = self.bench.build_configs(disable_threshold=16)
         args = argparse.Namespace(
-            attention_backend="triton", concurrency=[1, 64], mem_fraction_static=0.8
+            attention_backend="triton",
+            tp_size=2,
+            concurrency=[1, 64],
+            mem_fraction_static=0.8,
         )
         flags = " ".join(
             self.bench.config_server_args(args, configs["loadaware-topk4"], "/d")
         )
+        self.assertIn("--tp-size 2 --cuda-graph-max-bs 64 ", flags)
         self.assertIn("--max-running-requests 64 ", flags)
         self.assertIn("--skip-tokenizer-init --enable-metrics", flags)
         self.assertIn(
@@ -116,6 +120,9 @@ class TestBenchSweepResults(CustomTestCase):
         )
         self.assertEqual(args.disable_threshold_for, [("loadaware-topk1", 48)])
         (config,) = self.bench.selected_configs(args)
+        self.assertEqual(self.bench.model_name(args), "tiny-p0.8")
+        args.tp_size = 8
+        self.assertEqual(self.bench.model_name(args), "tiny-p0.8-tp8")
         self.assertEqual(config.extra_args[-1], "48")
         args.disable_threshold_for = [("nospec", 48)]
         with self.assertRaises(SystemExit):
