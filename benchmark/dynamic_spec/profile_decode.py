@@ -4,8 +4,11 @@ decode steps at a steady batch of C requests, summarized by trace_summary.py.
 Each config gets a fresh server (as in bench_sweep.py). Per concurrency C, exactly C
 requests are submitted at once, with outputs long enough that none finishes (and no
 prefill runs) while the profile records; they are cancelled once the trace is written.
-Writes the traces into OUT_DIR/<date>-<model>/profiles/<config>-c<C>/ and the
-summaries into OUT_DIR/<date>-<model>/profiles.json and profiles.md.
+With --closed-loop, C clients instead issue distinct prompts back to back (as in
+bench_sweep.py's points; pass a short --output-len), so requests finish and new ones
+are prefilled while the profile records.
+Writes the traces into OUT_DIR/<date>-<model>/profiles/<config>-c<C>[-closed-loop]/ and
+the summaries into OUT_DIR/<date>-<model>/profiles[-closed-loop].json and .md.
 
 Usage:
   python benchmark/dynamic_spec/profile_decode.py --preset llama8b --draft-accept 0.95
@@ -26,16 +29,27 @@ import aiohttp
 import bench_sweep as bench
 from trace_summary import format_summary, load_events, summarize_trace
 
+# --closed-loop: distinct prompts per client, enough to outlast the profile.
+CLOSED_LOOP_PROMPTS = 16
+
+
+def workload_suffix(args) -> str:
+    """Names the traces and summaries of --closed-loop runs apart."""
+    return "-closed-loop" if args.closed_loop else ""
+
 
 async def profile_at(
     args, config: bench.Config, prompts, concurrency: int, out_dir: str
 ) -> str:
     """Profile --steps decode steps of `concurrency` running requests; returns the trace."""
     profile_dir = os.path.join(
-        os.path.abspath(out_dir), "profiles", f"{config.name}-c{concurrency}"
+        os.path.abspath(out_dir),
+        "profiles",
+        f"{config.name}-c{concurrency}{workload_suffix(args)}",
     )
+    load_prompts = prompts if args.closed_loop else prompts[:concurrency]
     load = asyncio.create_task(
-        bench.closed_loop(args.url, prompts[:concurrency], args.output_len, concurrency)
+        bench.closed_loop(args.url, load_prompts, args.output_len, concurrency)
     )
     await asyncio.sleep(args.warmup_seconds)  # all prefilled, decoding
     async with aiohttp.ClientSession() as session:
@@ -89,11 +103,11 @@ def profile_config(
         return profiles
 
 
-def write_profiles(out_dir: str, profiles: List[Dict[str, Any]]) -> None:
+def write_profiles(out_dir: str, name: str, profiles: List[Dict[str, Any]]) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "profiles.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump(profiles, f, indent=1)
-    with open(os.path.join(out_dir, "profiles.md"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         for p in profiles:
             f.write(f"## {p['config']}, {p['concurrency']} running requests\n\n")
             f.write(f"```\n{format_summary(p['summary'])}\n```\n\n")
@@ -112,18 +126,26 @@ def parse_args() -> argparse.Namespace:
         default=2.0,
         help="from submitting the requests to starting the profile",
     )
+    parser.add_argument(
+        "--closed-loop",
+        action="store_true",
+        help=f"keep C requests in flight from {CLOSED_LOOP_PROMPTS} x C distinct prompts",
+    )
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
     configs = bench.selected_configs(args)
-    target, draft, prompts = bench.model_and_prompts(args, max(args.concurrency))
+    num_prompts = max(args.concurrency) * (
+        CLOSED_LOOP_PROMPTS if args.closed_loop else 1
+    )
+    target, draft, prompts = bench.model_and_prompts(args, num_prompts)
     out_dir = bench.results_dir(args.out_dir, bench.model_name(args))
     profiles = []
     for config in configs:
         profiles += profile_config(args, config, target, draft, prompts, out_dir)
-        write_profiles(out_dir, profiles)
+        write_profiles(out_dir, f"profiles{workload_suffix(args)}", profiles)
         print(f"{config.name}: profiles in {out_dir}", flush=True)
     for p in profiles:
         print(f"== {p['config']} c{p['concurrency']}\n{format_summary(p['summary'])}")
