@@ -328,17 +328,35 @@ def run_config(
         return record
 
 
+def closed_loops_for(
+    min_seconds: float, *closed_loop_args
+) -> Tuple[List[RequestResult], float]:
+    """Whole closed loops over the prompts, repeated until min_seconds have passed:
+    (all results, wall seconds)."""
+    results: List[RequestResult] = []
+    start = time.perf_counter()
+    while True:
+        results += asyncio.run(closed_loop(*closed_loop_args))
+        wall = time.perf_counter() - start
+        if wall >= min_seconds:
+            return results, wall
+
+
 def measure_point(
     args, config: Config, prompts: List[List[int]], concurrency: int
 ) -> dict:
     num = max(args.min_requests, args.requests_per_concurrency * concurrency)
-    before, runs = server_state(args.url), []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        results = asyncio.run(
-            closed_loop(args.url, prompts[:num], args.output_len, concurrency)
+    before = server_state(args.url)
+    runs = [
+        closed_loops_for(
+            args.min_point_seconds,
+            args.url,
+            prompts[:num],
+            args.output_len,
+            concurrency,
         )
-        runs.append((results, time.perf_counter() - start))
+        for _ in range(args.repeats)
+    ]
     point = summarize(runs)
     point.update(
         config=config.name,
@@ -714,6 +732,12 @@ def parse_args() -> argparse.Namespace:
     add_server_args(parser)
     parser.add_argument("--requests-per-concurrency", type=int, default=4)
     parser.add_argument("--min-requests", type=int, default=16)
+    parser.add_argument(
+        "--min-point-seconds",
+        type=float,
+        default=10.0,
+        help="repeat a point's requests until it has run this long (short points are noisy)",
+    )
     parser.add_argument(
         "--repeats", type=int, default=1, help="measurements per point (median, spread)"
     )

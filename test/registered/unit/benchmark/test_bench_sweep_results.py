@@ -2,6 +2,7 @@
 (summary.json for machines, markdown and PNG for people). No server, no GPU."""
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import os
@@ -9,6 +10,7 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
+from unittest import mock
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -65,6 +67,25 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertAlmostEqual(point["output_tok_s_max"], 20.0)
         cell = self.bench.markdown_cell({**point, "spec_step_share": 1.0})
         self.assertEqual(cell, "10 [5-20] (100% spec)")
+
+    def test_a_point_repeats_whole_closed_loops_until_its_minimum_duration(self):
+        calls = []
+
+        async def closed_loop(url, prompts, output_len, concurrency):
+            calls.append((url, len(prompts), output_len, concurrency))
+            await asyncio.sleep(0.02)
+            return [self.result(0.1, 0.2, output_len) for _ in prompts]
+
+        with mock.patch.object(self.bench, "closed_loop", closed_loop):
+            results, wall = self.bench.closed_loops_for(0.05, "u", [[1], [2]], 8, 2)
+        self.assertGreaterEqual(wall, 0.05)
+        self.assertGreaterEqual(len(calls), 3)
+        self.assertEqual(set(calls), {("u", 2, 8, 2)})
+        self.assertEqual(len(results), 2 * len(calls))
+        calls.clear()
+        with mock.patch.object(self.bench, "closed_loop", closed_loop):
+            self.bench.closed_loops_for(0, "u", [[1]], 8, 1)
+        self.assertEqual(len(calls), 1)  # always one whole loop
 
     def test_server_args_as_flags(self):
         flags = self.bench.cli_args(
