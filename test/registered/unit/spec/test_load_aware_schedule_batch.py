@@ -2,24 +2,32 @@
 
 Real ServerArgs (tiny local config, device="cpu"), real ReqToTokenPool /
 TokenToKVPoolAllocator / ChunkCache and a real prefill (prepare_for_extend);
-no model, no worker, no GPU. Checks what prepare_for_decode leaves for the
-worker on plain and speculative steps, the KV reservation, and filter_batch
-after each kind of step. page_size > 1 needs triton kernels: GPU tests cover it.
+no model, no GPU. Checks what prepare_for_decode leaves for the worker on
+plain and speculative steps, the KV reservation, filter_batch after each kind
+of step, and the v1 worker's plain step with stand-in target and draft models. page_size > 1 needs triton kernels: GPU tests cover it.
 """
 
 import unittest
+from types import SimpleNamespace
 
 import torch
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.load_aware import LoadAwarePlainDecode
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import SpecPolicy
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.cpu_schedule_batch import cpu_kv_pools, prefilled_batch
+from sglang.test.load_aware_worker_fakes import (
+    RecordingDraft,
+    RecordingTarget,
+    no_tp_context,
+)
 from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 
@@ -244,6 +252,71 @@ class TestLoadAwareFilterBatch(LoadAwareBatchTestBase):
         batch.merge_batch(new)
         batch.filter_batch(v1_spec_info_filtered=True)
         self.assertEqual(batch.spec_info.bonus_tokens.tolist(), [200, 201, 202, 150])
+
+
+class TestPlainStepWorkerDataflow(LoadAwareBatchTestBase):
+    """LoadAwarePlainDecode.forward (v1 worker) with stand-in target and draft
+    models: what each receives, and the draft input installed for the next step."""
+
+    DRAFT_HIDDEN, VOCAB = 8, 32
+
+    def test_forward(self):
+        target = RecordingTarget(HIDDEN)
+        draft = RecordingDraft(
+            self,
+            self.req_to_token_pool,
+            len(PROMPT_LENS),
+            self.DRAFT_HIDDEN,
+            self.VOCAB,
+        )
+        worker = SimpleNamespace(
+            target_worker=target,
+            draft_model_runner=draft.runner,
+            cuda_graph_runner_for_draft_extend=None,
+            draft_tp_context=no_tp_context,
+            topk=TOPK,
+            speculative_algorithm=SpeculativeAlgorithm.EAGLE,
+            server_args=SimpleNamespace(disable_cuda_graph=True),
+            device="cpu",
+            gpu_id=0,
+        )
+        plain = LoadAwarePlainDecode(worker)
+        batch = self.prefilled_batch()
+        seq_lens = batch.seq_lens.tolist()
+        batch.prepare_for_decode(SpecPolicy(3, 2, min_dwell_steps=0))
+        out_cache_loc = batch.out_cache_loc.tolist()
+
+        result = plain.forward(batch)
+
+        # Target: a plain DECODE forward of the pending tokens, DECODE graphs.
+        (call,) = target.calls
+        self.assertTrue(call["forward_mode"].is_decode())
+        self.assertEqual(call["input_ids"].tolist(), [100, 101, 102, 103])
+        self.assertIsNone(call["spec_info"])
+        self.assertEqual(call["capture_hidden_mode"], CaptureHiddenMode.FULL)
+        self.assertEqual(call["seq_lens"], [n + 1 for n in seq_lens])
+        self.assertIsNone(call["graph_runner"])  # --disable-cuda-graph: eager
+        self.assertEqual(target.model_runner.graph_runner, "verify-graphs")
+        self.assertEqual(result.num_correct_drafts, 0)
+
+        # Draft catch-up: one token per request from the pre-step length, at
+        # the slot the target wrote, its attention planned as a decode.
+        (call,) = draft.extend_calls
+        self.assertEqual(call["num_draft_tokens"], 1)
+        self.assertEqual(call["predict"], [40, 41, 42, 43])
+        self.assertEqual(call["seq_lens"], seq_lens)
+        self.assertEqual(call["seq_lens_sum"], sum(seq_lens))
+        self.assertEqual(call["out_cache_loc"], out_cache_loc)
+        self.assertEqual(call["hidden_states"][:, 0].tolist(), [0, 1, 2, 3])
+        self.assertEqual(draft.metadata_calls, [(ForwardMode.DECODE, None)])
+
+        # The next draft input, for every request: what a verify step leaves.
+        nxt = batch.spec_info
+        self.assertEqual(nxt.bonus_tokens.tolist(), [40, 41, 42, 43])
+        self.assertEqual(nxt.topk_index[:, 0].tolist(), [3, 4, 5, 6])
+        self.assertEqual(tuple(nxt.topk_p.shape), (4, TOPK))
+        self.assertEqual(tuple(nxt.hidden_states.shape), (4, self.DRAFT_HIDDEN))
+        self.assertEqual(nxt.capture_hidden_mode, CaptureHiddenMode.LAST)
 
 
 class TestNonSpeculativeServerUnchanged(LoadAwareBatchTestBase):

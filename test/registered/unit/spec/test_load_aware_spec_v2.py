@@ -11,7 +11,6 @@ over-allocated, the KV reservation across mode switches, filter/merge with
 future indices, and the routing of plain steps in the output processor.
 """
 
-import contextlib
 import random
 import unittest
 from types import SimpleNamespace
@@ -27,13 +26,18 @@ from sglang.srt.managers.scheduler_output_processor_mixin import (
 from sglang.srt.managers.utils import GenerationBatchResult, get_alloc_len_per_decode
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-from sglang.srt.speculative import load_aware_draft, load_aware_v2, spec_utils
+from sglang.srt.speculative import load_aware_v2, spec_utils
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.load_aware_v2 import plain_decode_kv_lens
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import SpecDecision
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.cpu_schedule_batch import cpu_kv_pools, prefilled_batch
+from sglang.test.load_aware_worker_fakes import (
+    RecordingDraft,
+    RecordingTarget,
+    no_tp_context,
+)
 from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 
@@ -386,121 +390,35 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
 
     HIDDEN, DRAFT_HIDDEN, VOCAB = 12, 8, 32
 
-    def make_worker(self, target_calls, extend_calls, draft_metadata_calls):
-        graph_runner_seen = []
-        target_model_runner = SimpleNamespace(
-            mambaish_config=None, graph_runner="verify-graphs"
-        )
-
-        def target_forward(mwb):
-            graph_runner_seen.append(target_model_runner.graph_runner)
-            target_calls.append(
-                dict(
-                    input_ids=mwb.input_ids.clone(),
-                    spec_info=mwb.spec_info,
-                    capture_hidden_mode=mwb.capture_hidden_mode,
-                    seq_lens=mwb.seq_lens.tolist(),
-                    forward_mode=mwb.forward_mode,
-                )
-            )
-            bs = len(mwb.seq_lens)
-            return GenerationBatchResult(
-                logits_output=SimpleNamespace(
-                    hidden_states=torch.arange(bs)[:, None]
-                    .float()
-                    .repeat(1, self.HIDDEN)
-                ),
-                next_token_ids=torch.arange(bs) + 40,
-            )
-
-        draft_logits = torch.zeros(len(PROMPT_LENS), self.VOCAB)
-        draft_logits[
-            torch.arange(len(PROMPT_LENS)), torch.arange(len(PROMPT_LENS)) + 3
-        ] = 10.0
-        draft_attention = SimpleNamespace(
-            init_forward_metadata=lambda forward_batch: draft_metadata_calls.append(
-                (forward_batch.forward_mode, forward_batch.spec_info)
-            )
-        )
-        draft_runner = SimpleNamespace(
-            tp_group=None,
-            server_args=SimpleNamespace(disable_cuda_graph=True),
-            req_to_token_pool=self.req_to_token_pool,
-            device="cpu",
-            init_new_workspace=False,
-            _get_attention_backend=lambda init_new_workspace: draft_attention,
-            forward=lambda forward_batch, skip_attn_backend_init: SimpleNamespace(
-                logits_output=SimpleNamespace(
-                    next_token_logits=draft_logits,
-                    hidden_states=torch.ones(len(PROMPT_LENS), self.DRAFT_HIDDEN),
-                )
-            ),
+    def make_plain_decode(self):
+        self.target = RecordingTarget(self.HIDDEN)
+        self.draft = RecordingDraft(
+            self,
+            self.req_to_token_pool,
+            len(PROMPT_LENS),
+            self.DRAFT_HIDDEN,
+            self.VOCAB,
         )
         draft_worker = SimpleNamespace(
-            draft_tp_context=lambda group: contextlib.nullcontext(),
-            draft_runner=draft_runner,
+            draft_tp_context=no_tp_context,
+            draft_runner=self.draft.runner,
             topk=1,
             cuda_graph_runner_for_draft_extend=None,
         )
         worker = SimpleNamespace(
-            target_worker=SimpleNamespace(
-                model_runner=target_model_runner,
-                forward_batch_generation=target_forward,
-            ),
+            target_worker=self.target,
             draft_worker=draft_worker,
             speculative_algorithm=SpeculativeAlgorithm.EAGLE,
             topk=1,
             server_args=SimpleNamespace(disable_cuda_graph=True),
-            req_to_token_pool=self.req_to_token_pool,
             device="cpu",
             gpu_id=0,
             plan_stream=None,
         )
-
-        def prepare_extend(extend_input, batch, predict, num_draft_tokens, *args):
-            extend_calls.append(
-                dict(
-                    hidden_states=extend_input.hidden_states,
-                    predict=predict.tolist(),
-                    num_draft_tokens=num_draft_tokens,
-                    seq_lens=batch.seq_lens.tolist(),
-                    seq_lens_cpu=batch.seq_lens_cpu.tolist(),
-                    seq_lens_sum=batch.seq_lens_sum,
-                    out_cache_loc=batch.out_cache_loc.tolist(),
-                )
-            )
-            return SimpleNamespace(
-                forward_mode=ForwardMode.DRAFT_EXTEND_V2, spec_info=extend_input
-            )
-
-        patches = [
-            mock.patch.object(torch.Tensor, "record_stream", lambda self, s: None),
-            mock.patch.object(
-                EagleDraftInput,
-                "prepare_for_extend_to_fill_draft_kvcache",
-                prepare_extend,
-            ),
-            mock.patch.object(
-                load_aware_draft,
-                "speculative_moe_backend_context",
-                contextlib.nullcontext,
-            ),
-            mock.patch.object(
-                load_aware_draft,
-                "speculative_moe_a2a_backend_context",
-                contextlib.nullcontext,
-            ),
-        ]
-        for patcher in patches:
-            patcher.start()
-            self.addCleanup(patcher.stop)
-        return load_aware_v2.LoadAwarePlainDecodeV2(worker), graph_runner_seen
+        return load_aware_v2.LoadAwarePlainDecodeV2(worker)
 
     def test_forward(self):
-        target_calls, extend_calls, draft_metadata_calls = [], [], []
-        plain, graph_runner_seen = self.make_worker(
-            target_calls, extend_calls, draft_metadata_calls
-        )
+        plain = self.make_plain_decode()
         batch = self.prefilled_batch()
         seq_lens = batch.seq_lens.tolist()
         batch.prepare_for_decode(FixedPolicy([False]))
@@ -514,21 +432,19 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         result = plain.forward(mwb)
 
         # Target: a plain DECODE forward of the pending tokens, DECODE graphs.
-        (call,) = target_calls
+        (call,) = self.target.calls
         self.assertTrue(call["forward_mode"].is_decode())
         self.assertEqual(call["input_ids"].tolist(), [100, 101, 102, 103])
         self.assertEqual(call["input_ids"].dtype, torch.int64)
         self.assertIsNone(call["spec_info"])
         self.assertEqual(call["capture_hidden_mode"], CaptureHiddenMode.FULL)
         self.assertEqual(call["seq_lens"], [n + 1 for n in seq_lens])
-        self.assertEqual(graph_runner_seen, [None])  # --disable-cuda-graph: eager
-        self.assertEqual(
-            plain.target_decode_graphs.model_runner.graph_runner, "verify-graphs"
-        )
+        self.assertIsNone(call["graph_runner"])  # --disable-cuda-graph: eager
+        self.assertEqual(self.target.model_runner.graph_runner, "verify-graphs")
 
         # Draft catch-up: one token per request from the pre-step length, at
         # the slot the target wrote.
-        (call,) = extend_calls
+        (call,) = self.draft.extend_calls
         self.assertEqual(call["num_draft_tokens"], 1)
         self.assertEqual(call["predict"], [40, 41, 42, 43])
         self.assertEqual(call["seq_lens"], seq_lens)
@@ -537,7 +453,7 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         self.assertEqual(call["out_cache_loc"], out_cache_loc)
         self.assertEqual(call["hidden_states"][:, 0].tolist(), [0, 1, 2, 3])
         # ... whose attention is planned as a decode (eager here).
-        self.assertEqual(draft_metadata_calls, [(ForwardMode.DECODE, None)])
+        self.assertEqual(self.draft.metadata_calls, [(ForwardMode.DECODE, None)])
 
         # The next draft input, for every request, as the future map stores it.
         nxt = result.next_draft_input
