@@ -18,6 +18,8 @@ from sglang.srt.speculative.eagle_info import EagleDraftInput
 # What the stand-ins return for request i of a step.
 FIRST_TARGET_TOKEN = 40
 FIRST_DRAFT_TOKEN = 3
+DRAFT_HIDDEN_SIZE = 8
+DRAFT_VOCAB_SIZE = 32
 
 
 class RecordingTarget:
@@ -59,17 +61,10 @@ class RecordingDraft:
     request i's top-1 is FIRST_DRAFT_TOKEN + i. Records the attention metadata
     planned (forward mode, spec_info) and each draft-extend preparation."""
 
-    def __init__(
-        self,
-        test: TestCase,
-        req_to_token_pool,
-        num_reqs: int,
-        hidden_size: int,
-        vocab_size: int,
-    ):
+    def __init__(self, test: TestCase, req_to_token_pool, num_reqs: int):
         self.metadata_calls: List[tuple] = []
         self.extend_calls: List[Dict[str, Any]] = []
-        logits = torch.zeros(num_reqs, vocab_size)
+        logits = torch.zeros(num_reqs, DRAFT_VOCAB_SIZE)
         logits[torch.arange(num_reqs), torch.arange(num_reqs) + FIRST_DRAFT_TOKEN] = 10
         attention = SimpleNamespace(
             init_forward_metadata=lambda forward_batch: self.metadata_calls.append(
@@ -86,7 +81,7 @@ class RecordingDraft:
             forward=lambda forward_batch, skip_attn_backend_init: SimpleNamespace(
                 logits_output=SimpleNamespace(
                     next_token_logits=logits,
-                    hidden_states=torch.ones(num_reqs, hidden_size),
+                    hidden_states=torch.ones(num_reqs, DRAFT_HIDDEN_SIZE),
                 )
             ),
         )

@@ -24,6 +24,7 @@ from sglang.srt.speculative.spec_policy import SpecPolicy
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.cpu_schedule_batch import cpu_kv_pools, prefilled_batch
 from sglang.test.load_aware_worker_fakes import (
+    DRAFT_HIDDEN_SIZE,
     RecordingDraft,
     RecordingTarget,
     no_tp_context,
@@ -258,17 +259,9 @@ class TestPlainStepWorkerDataflow(LoadAwareBatchTestBase):
     """LoadAwarePlainDecode.forward (v1 worker) with stand-in target and draft
     models: what each receives, and the draft input installed for the next step."""
 
-    DRAFT_HIDDEN, VOCAB = 8, 32
-
     def test_forward(self):
         target = RecordingTarget(HIDDEN)
-        draft = RecordingDraft(
-            self,
-            self.req_to_token_pool,
-            len(PROMPT_LENS),
-            self.DRAFT_HIDDEN,
-            self.VOCAB,
-        )
+        draft = RecordingDraft(self, self.req_to_token_pool, len(PROMPT_LENS))
         worker = SimpleNamespace(
             target_worker=target,
             draft_model_runner=draft.runner,
@@ -315,7 +308,7 @@ class TestPlainStepWorkerDataflow(LoadAwareBatchTestBase):
         self.assertEqual(nxt.bonus_tokens.tolist(), [40, 41, 42, 43])
         self.assertEqual(nxt.topk_index[:, 0].tolist(), [3, 4, 5, 6])
         self.assertEqual(tuple(nxt.topk_p.shape), (4, TOPK))
-        self.assertEqual(tuple(nxt.hidden_states.shape), (4, self.DRAFT_HIDDEN))
+        self.assertEqual(tuple(nxt.hidden_states.shape), (4, DRAFT_HIDDEN_SIZE))
         self.assertEqual(nxt.capture_hidden_mode, CaptureHiddenMode.LAST)
 
 

@@ -34,6 +34,7 @@ from sglang.srt.speculative.spec_policy import SpecDecision
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.cpu_schedule_batch import cpu_kv_pools, prefilled_batch
 from sglang.test.load_aware_worker_fakes import (
+    DRAFT_HIDDEN_SIZE,
     RecordingDraft,
     RecordingTarget,
     no_tp_context,
@@ -388,17 +389,11 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
     input handed to the future map; the kernels themselves need a GPU.
     """
 
-    HIDDEN, DRAFT_HIDDEN, VOCAB = 12, 8, 32
+    HIDDEN = 12
 
     def make_plain_decode(self):
         self.target = RecordingTarget(self.HIDDEN)
-        self.draft = RecordingDraft(
-            self,
-            self.req_to_token_pool,
-            len(PROMPT_LENS),
-            self.DRAFT_HIDDEN,
-            self.VOCAB,
-        )
+        self.draft = RecordingDraft(self, self.req_to_token_pool, len(PROMPT_LENS))
         draft_worker = SimpleNamespace(
             draft_tp_context=no_tp_context,
             draft_runner=self.draft.runner,
@@ -461,7 +456,7 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         self.assertEqual(nxt.new_seq_lens.tolist(), [n + 1 for n in seq_lens])
         self.assertEqual(nxt.topk_index[:, 0].tolist(), [3, 4, 5, 6])
         self.assertEqual(tuple(nxt.topk_p.shape), (4, 1))
-        self.assertEqual(tuple(nxt.hidden_states.shape), (4, self.DRAFT_HIDDEN))
+        self.assertEqual(tuple(nxt.hidden_states.shape), (4, DRAFT_HIDDEN_SIZE))
         self.assertIsNone(nxt.verify_done)
         self.assertIsNone(result.accept_lens)
         self.assertEqual(result.num_correct_drafts, 0)
