@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -29,11 +30,12 @@ import fcntl
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import aiohttp
 import requests
@@ -299,14 +301,21 @@ def config_server_args(args, config: Config, draft: str) -> List[str]:
 
 @contextlib.contextmanager
 def serving(
-    args, config: Config, target: str, draft: str, prompts: List[List[int]]
+    args,
+    config: Config,
+    target: str,
+    draft: str,
+    prompts: List[List[int]],
+    log_path: Optional[str] = None,
 ) -> Iterator[Dict[str, Any]]:
     """A fresh, warmed-up server of a config (the previous one gone, the GPU idle);
-    yields how it was launched."""
+    yields how it was launched. log_path: the server's output (default: ours)."""
     wait_gpu_idle()
     server_args = config_server_args(args, config, draft)
     env = {**config.env, **backend_env(args)}
-    with running_server(target, server_args, env=env, base_url=args.url):
+    with running_server(
+        target, server_args, env=env, base_url=args.url, log_path=log_path
+    ):
         # Warm up (kernel JIT, first replays) with short outputs: profile_decode.py
         # runs long ones.
         asyncio.run(closed_loop(args.url, prompts[:8], WARMUP_OUTPUT_LEN, 8))
@@ -314,9 +323,16 @@ def serving(
 
 
 def run_config(
-    args, config: Config, target: str, draft: str, prompts: List[List[int]]
+    args,
+    config: Config,
+    target: str,
+    draft: str,
+    prompts: List[List[int]],
+    log_dir: str,
 ) -> dict:
-    with serving(args, config, target, draft, prompts) as launch:
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, f"{config.name}.log")
+    with serving(args, config, target, draft, prompts, log_path) as launch:
         record = {"config": config.name, **launch}
         state = server_state(args.url)
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
@@ -325,7 +341,41 @@ def run_config(
             for concurrency in tqdm(args.concurrency, desc=config.name)
         ]
         record["ramp"] = run_ramp(args, config, prompts)
-        return record
+    with open(log_path, errors="replace") as log:
+        record["decode_tok_s"] = decode_throughput(log, config.spec is not None)
+    return record
+
+
+DECODE_LOG_LINE = re.compile(
+    r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+)"
+)
+SPEC_MODE_FIELD = re.compile(r"spec: (on|off)")
+
+
+def decode_throughput(log_lines: Iterable[str], speculative: bool) -> List[dict]:
+    """The decode throughput a server logged, per mode ("spec" or "plain") and
+    running batch size: the median over its steady log windows (--decode-log-interval
+    steps without a prefill, the same batch at both ends). Load-aware servers log
+    each window's mode."""
+    samples: Dict[Tuple[str, int], List[float]] = collections.defaultdict(list)
+    window_batch = None  # at the window's start; None: it started with a prefill
+    for line in log_lines:
+        if "Prefill batch" in line:
+            window_batch = None
+            continue
+        match = DECODE_LOG_LINE.search(line)
+        if match is None:
+            continue
+        batch = int(match.group(1))
+        if batch == window_batch:
+            field = SPEC_MODE_FIELD.search(line)
+            spec = field.group(1) == "on" if field else speculative
+            samples["spec" if spec else "plain", batch].append(float(match.group(2)))
+        window_batch = batch
+    return [
+        {"mode": mode, "batch": bs, "tok_s": statistics.median(v), "windows": len(v)}
+        for (mode, bs), v in sorted(samples.items())
+    ]
 
 
 def closed_loops_for(
@@ -418,13 +468,37 @@ def markdown_table(records: List[dict]) -> str:
     )
 
 
+def decode_table(records: List[dict]) -> str:
+    """Server-logged decode tok/s at running batch sizes equal to the points' C."""
+    logged = [r for r in records if r.get("decode_tok_s")]
+    if not logged:
+        return ""
+    batches = sorted({p["concurrency"] for r in records for p in r["points"]})
+    lines = [
+        "| config | " + " | ".join(f"batch {bs}" for bs in batches) + " |",
+        "|---" * (1 + len(batches)) + "|",
+    ]
+    for record in logged:
+        by_batch: Dict[int, List[str]] = collections.defaultdict(list)
+        for d in record["decode_tok_s"]:
+            suffix = " spec" if d["mode"] == "spec" else ""
+            by_batch[d["batch"]].append(f"{d['tok_s']:.0f}{suffix}")
+        cells = [" / ".join(by_batch[bs]) or "-" for bs in batches]
+        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # Issue targets for a load-aware config: (what, minimum ratio).
 TARGETS = (
     ("every C: vs max(nospec, always on)", 0.97),
     ("C >= N: vs nospec", 0.98),
     ("ramp: vs the better static config", 1.05),
     ("KV tokens: vs always on", 0.97),
+    # The server-logged decode throughput of plain steps, at a running batch >= N.
+    ("plain step: vs nospec at the same batch", 0.98),
 )
+# A ratio, and where it was lowest ("C=16", "batch 64"; None: a single value).
+Ratio = Tuple[float, Optional[str]]
 
 
 def disable_threshold_of(record: dict) -> int:
@@ -434,9 +508,9 @@ def disable_threshold_of(record: dict) -> int:
 
 def worst_ratio(
     record: dict, references: List[dict], min_concurrency: int = 0
-) -> Optional[Tuple[float, int]]:
-    """(lowest tok/s ratio to the best of references, at which C) over the
-    concurrencies every record measured."""
+) -> Optional[Ratio]:
+    """The lowest tok/s ratio to the best of references over the concurrencies
+    every record measured."""
     by_c = [
         {p["concurrency"]: p["output_tok_s"] for p in r["points"]} for r in references
     ]
@@ -449,12 +523,41 @@ def worst_ratio(
         if p["concurrency"] >= min_concurrency
         and all(p["concurrency"] in ref for ref in by_c)
     ]
-    return min(ratios) if ratios else None
+    if not ratios:
+        return None
+    value, concurrency = min(ratios)
+    return value, f"C={concurrency}"
 
 
-def target_ratios(
-    record: dict, by_name: Dict[str, dict]
-) -> List[Optional[Tuple[float, Optional[int]]]]:
+# Fewer steady log windows at a batch size are too noisy to compare.
+MIN_DECODE_WINDOWS = 3
+
+
+def plain_decode_by_batch(record: dict) -> Dict[int, float]:
+    return {
+        d["batch"]: d["tok_s"]
+        for d in record.get("decode_tok_s", [])
+        if d["mode"] == "plain" and d["windows"] >= MIN_DECODE_WINDOWS
+    }
+
+
+def worst_plain_step_ratio(record: dict, nospec: dict) -> Optional[Ratio]:
+    """The lowest ratio of the record's plain-step decode throughput to nospec's,
+    at the running batch sizes >= N that both logged."""
+    mine, reference = plain_decode_by_batch(record), plain_decode_by_batch(nospec)
+    threshold = disable_threshold_of(record)
+    ratios = [
+        (tok_s / reference[bs], bs)
+        for bs, tok_s in mine.items()
+        if bs >= threshold and bs in reference
+    ]
+    if not ratios:
+        return None
+    value, batch = min(ratios)
+    return value, f"batch {batch}"
+
+
+def target_ratios(record: dict, by_name: Dict[str, dict]) -> List[Optional[Ratio]]:
     """The load-aware record's ratio for each of TARGETS (None: a reference is missing)."""
     nospec = by_name.get("nospec")
     always_on = by_name.get(KNOWN_CONFIGS[record["config"]].always_on)
@@ -476,6 +579,7 @@ def target_ratios(
             if always_on
             else None
         ),
+        worst_plain_step_ratio(record, nospec) if nospec else None,
     ]
 
 
@@ -493,8 +597,8 @@ def targets_table(records: List[dict]) -> str:
             if ratio is None:
                 cells.append("-")
                 continue
-            value, concurrency = ratio
-            at = f" at C={concurrency}" if concurrency is not None else ""
+            value, where = ratio
+            at = f" at {where}" if where is not None else ""
             cells.append(f"{value:.2f}{at} {'met' if value >= low else 'missed'}")
         lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -602,6 +706,28 @@ def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dic
     return merged
 
 
+def results_markdown(records: List[dict], title: str) -> str:
+    sections = [f"# {title}\n\n", markdown_table(records)]
+    decode = decode_table(records)
+    if decode:
+        sections += [
+            "\nDecode tok/s the servers logged at a steady running batch (median over"
+            " log windows without prefill; plain steps unless marked):\n\n",
+            decode,
+        ]
+    sections += [
+        "\nTargets (output tok/s ratios; N: the config's disable threshold):\n\n",
+        targets_table(records),
+        "\nThresholds suggested by these points (against nospec):\n\n",
+        suggested_thresholds(records),
+        "\nCommands (commit):\n\n",
+    ]
+    sections += [
+        f"- {r['config']}: `{r['command']}` ({r['commit']})\n" for r in records
+    ]
+    return "".join(sections)
+
+
 def write_results(out_dir: str, records: List[dict]) -> None:
     """summary.json, results.md and throughput.png of the records of one model."""
     model = records[0]["model"]
@@ -622,21 +748,10 @@ def write_results(out_dir: str, records: List[dict]) -> None:
     }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
+    title = f"{model} on {summary['gpu']}"
     with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(f"# {model} on {summary['gpu']}\n\n")
-        f.write(markdown_table(records))
-        f.write(
-            "\nTargets (output tok/s ratios; N: the config's disable threshold):\n\n"
-        )
-        f.write(targets_table(records))
-        f.write("\nThresholds suggested by these points (against nospec):\n\n")
-        f.write(suggested_thresholds(records))
-        f.write("\nCommands (commit):\n\n")
-        for r in records:
-            f.write(f"- {r['config']}: `{r['command']}` ({r['commit']})\n")
-    plot(
-        records, os.path.join(out_dir, "throughput.png"), f"{model} on {summary['gpu']}"
-    )
+        f.write(results_markdown(records, title))
+    plot(records, os.path.join(out_dir, "throughput.png"), title)
 
 
 def config_threshold(text: str) -> Tuple[str, int]:
@@ -769,7 +884,9 @@ def main() -> None:
     header = describe_run(model_name(args))
     out_dir = results_dir(args.out_dir, model_name(args))
     for config in configs:
-        record = run_config(args, config, target, draft, prompts)
+        record = run_config(
+            args, config, target, draft, prompts, os.path.join(out_dir, "logs")
+        )
         write_results(out_dir, merge_record(out_dir, record, header))
         print(f"{config.name}: results in {out_dir}", flush=True)
 

@@ -256,6 +256,63 @@ class TestBenchSweepResults(CustomTestCase):
             "speculation does not pay", self.bench.suggested_thresholds([nospec, spec])
         )
 
+    def test_decode_throughput_from_the_server_log(self):
+        def decode(bs, tok_s, spec=None):
+            mode = f"spec: {spec}, " if spec else ""
+            return (
+                f"[t] Decode batch, #running-req: {bs}, #token: 9, token usage: 0.00, "
+                f"{mode}cuda graph: True, gen throughput (token/s): {tok_s}, #queue-req: 0"
+            )
+
+        prefill = "[t] Prefill batch, #new-seq: 1, #new-token: 512, #cached-token: 0"
+        log = [
+            decode(4, 1.0),  # its window started at launch
+            decode(4, 100.0),
+            prefill,
+            decode(4, 2.0),  # a prefill ran in its window
+            decode(4, 300.0),
+            decode(3, 3.0),  # the batch changed in its window
+            decode(3, 200.0),
+            decode(3, 500.0, spec="off"),
+            decode(3, 90.0, spec="on"),
+            decode(3, 80.0, spec="on"),
+        ]
+        self.assertEqual(
+            self.bench.decode_throughput(log, speculative=True),
+            [
+                {"mode": "plain", "batch": 3, "tok_s": 500.0, "windows": 1},
+                {"mode": "spec", "batch": 3, "tok_s": 90.0, "windows": 3},
+                {"mode": "spec", "batch": 4, "tok_s": 200.0, "windows": 2},
+            ],
+        )
+        modes = {d["mode"] for d in self.bench.decode_throughput(log[:5], False)}
+        self.assertEqual(modes, {"plain"})
+
+    def test_plain_step_cost_against_nospec_at_the_same_batch(self):
+        nospec, load_aware = self.record("nospec", 100.0), self.record(
+            "loadaware-topk4", 100.0
+        )
+        nospec["decode_tok_s"] = [
+            {"mode": "plain", "batch": bs, "tok_s": 1000.0, "windows": 5}
+            for bs in (4, 8, 16)
+        ]
+        load_aware["decode_tok_s"] = [
+            {"mode": "spec", "batch": 1, "tok_s": 300.0, "windows": 5},
+            {"mode": "plain", "batch": 4, "tok_s": 500.0, "windows": 5},  # < N
+            {"mode": "plain", "batch": 8, "tok_s": 990.0, "windows": 5},
+            {"mode": "plain", "batch": 16, "tok_s": 950.0, "windows": 5},
+            {"mode": "plain", "batch": 24, "tok_s": 10.0, "windows": 2},  # too few
+        ]
+        self.assertIn(
+            "| 0.95 at batch 16 missed |",
+            self.bench.targets_table([nospec, load_aware]),
+        )
+        table = self.bench.decode_table([nospec, load_aware])
+        self.assertIn("| config | batch 1 | batch 8 |", table)
+        self.assertIn("| nospec | - | 1000 |", table)
+        self.assertIn("| loadaware-topk4 | 300 spec | 990 |", table)
+        self.assertEqual(self.bench.decode_table([self.record("nospec", 1.0)]), "")
+
     def test_a_config_measured_again_replaces_its_record(self):
         with tempfile.TemporaryDirectory() as out_dir:
             self.bench.merge_record(
