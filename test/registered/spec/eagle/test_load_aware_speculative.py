@@ -263,14 +263,36 @@ class TestLoadAwareRampTree(RampMixin, LoadAwareServerBase):
         self.assert_server_alive_and_idle_clean()
 
 
-@unittest.skipIf(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2, "needs 2 GPUs"
-)
-class TestLoadAwareRampTreeTP2(TestLoadAwareRampTree):
-    """The ramp at tensor parallelism 2: every rank must take the same decision per step."""
+def multi_gpu_tp_size() -> int:
+    """Tensor parallelism of the multi-GPU classes: the largest power of two of the
+    visible GPUs, up to 8 (TP 2 on a 2-GPU machine, 4 or 8 on larger ones)."""
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    tp_size = 1
+    while tp_size * 2 <= min(visible, 8):
+        tp_size *= 2
+    return tp_size
 
-    extra_args = ["--tp-size", "2"]
-    server_log = os.path.join(tempfile.gettempdir(), "load_aware_tp2_server.log")
+
+TP_SIZE = multi_gpu_tp_size()
+needs_multi_gpu = unittest.skipIf(TP_SIZE < 2, "needs 2 or more GPUs")
+
+
+@needs_multi_gpu
+class TestLoadAwareTreeAtTheCrashingThresholdTP(
+    TestLoadAwareTreeAtTheCrashingThreshold
+):
+    """The crashing case at tensor parallelism TP_SIZE."""
+
+    extra_args = ["--tp-size", str(TP_SIZE)]
+
+
+@needs_multi_gpu
+class TestLoadAwareRampTreeTP(TestLoadAwareRampTree):
+    """The ramp at tensor parallelism TP_SIZE: every rank must take the same decision
+    per step."""
+
+    extra_args = ["--tp-size", str(TP_SIZE)]
+    server_log = os.path.join(tempfile.gettempdir(), "load_aware_tp_server.log")
 
     def test_ranks_switch_at_the_same_steps(self):
         self.run_ramp()
@@ -283,10 +305,12 @@ class TestLoadAwareRampTreeTP2(TestLoadAwareRampTree):
                 if match:
                     switches.setdefault(match.group(1), []).append(match.group(2))
         counts = {rank: len(lines) for rank, lines in switches.items()}
-        print(f"[load-aware-tp2] switches per rank: {counts}")
-        self.assertEqual(sorted(switches), ["TP0", "TP1"])
+        print(f"[load-aware-tp{TP_SIZE}] switches per rank: {counts}")
+        ranks = [f"TP{rank}" for rank in range(TP_SIZE)]
+        self.assertEqual(sorted(switches), sorted(ranks))
         self.assertGreaterEqual(len(switches["TP0"]), 2 * self.cycles)
-        self.assertEqual(switches["TP0"], switches["TP1"])
+        for rank in ranks[1:]:
+            self.assertEqual(switches[rank], switches["TP0"], rank)
 
 
 class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
