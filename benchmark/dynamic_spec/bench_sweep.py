@@ -468,9 +468,19 @@ def markdown_table(records: List[dict]) -> str:
     )
 
 
+# Fewer steady log windows at a batch size are too noisy to show or compare.
+MIN_DECODE_WINDOWS = 3
+
+
+def steady_decode(record: dict) -> List[dict]:
+    return [
+        d for d in record.get("decode_tok_s", []) if d["windows"] >= MIN_DECODE_WINDOWS
+    ]
+
+
 def decode_table(records: List[dict]) -> str:
     """Server-logged decode tok/s at running batch sizes equal to the points' C."""
-    logged = [r for r in records if r.get("decode_tok_s")]
+    logged = [r for r in records if steady_decode(r)]
     if not logged:
         return ""
     batches = sorted({p["concurrency"] for r in records for p in r["points"]})
@@ -480,7 +490,7 @@ def decode_table(records: List[dict]) -> str:
     ]
     for record in logged:
         by_batch: Dict[int, List[str]] = collections.defaultdict(list)
-        for d in record["decode_tok_s"]:
+        for d in steady_decode(record):
             suffix = " spec" if d["mode"] == "spec" else ""
             by_batch[d["batch"]].append(f"{d['tok_s']:.0f}{suffix}")
         cells = [" / ".join(by_batch[bs]) or "-" for bs in batches]
@@ -529,15 +539,9 @@ def worst_ratio(
     return value, f"C={concurrency}"
 
 
-# Fewer steady log windows at a batch size are too noisy to compare.
-MIN_DECODE_WINDOWS = 3
-
-
 def plain_decode_by_batch(record: dict) -> Dict[int, float]:
     return {
-        d["batch"]: d["tok_s"]
-        for d in record.get("decode_tok_s", [])
-        if d["mode"] == "plain" and d["windows"] >= MIN_DECODE_WINDOWS
+        d["batch"]: d["tok_s"] for d in steady_decode(record) if d["mode"] == "plain"
     }
 
 

@@ -302,6 +302,7 @@ class TestBenchSweepResults(CustomTestCase):
             {"mode": "plain", "batch": 8, "tok_s": 990.0, "windows": 5},
             {"mode": "plain", "batch": 16, "tok_s": 950.0, "windows": 5},
             {"mode": "plain", "batch": 24, "tok_s": 10.0, "windows": 2},  # too few
+            {"mode": "spec", "batch": 8, "tok_s": 77.0, "windows": 1},  # too few
         ]
         self.assertIn(
             "| 0.95 at batch 16 missed |",
