@@ -226,6 +226,15 @@ PRESETS: Dict[str, Preset] = {
         moe_intermediate_size=768,
     ),
 }
+# The tiny shapes in the other architectures (CPU tests of the dense32b / qwen3moe paths).
+PRESETS["tiny-qwen2"] = dataclasses.replace(PRESETS["tiny"], architecture="qwen2")
+PRESETS["tiny-qwen3moe"] = dataclasses.replace(
+    PRESETS["tiny"],
+    architecture="qwen3_moe",
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=192,
+)
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",

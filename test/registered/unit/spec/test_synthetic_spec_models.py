@@ -578,5 +578,37 @@ def _stale_draft_kv(kind: str, kv: KV, other_kv: KV) -> KV:
     raise ValueError(kind)
 
 
+class TestOtherArchitectures(CustomTestCase):
+    """The Qwen2 (dense32b) and Qwen3-MoE (qwen3moe) targets, at the tiny shapes: they
+    load into transformers and their greedy continuation follows the map."""
+
+    def test_target_loads_and_follows_the_map(self) -> None:
+        for preset, architecture in (
+            ("tiny-qwen2", "Qwen2ForCausalLM"),
+            ("tiny-qwen3moe", "Qwen3MoeForCausalLM"),
+        ):
+            with self.subTest(preset=preset), tempfile.TemporaryDirectory() as out:
+                target_dir, _ = ssm.generate(preset, out, draft_accept=0.9, seed=1)
+                model, info = AutoModelForCausalLM.from_pretrained(
+                    target_dir, output_loading_info=True, dtype=torch.float32
+                )
+                self.assertEqual(type(model).__name__, architecture)
+                for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+                    self.assertEqual(list(info[key]), [], key)
+                prompt = [7, 300, 11]
+                nt = ssm.next_token_map(out)
+                ids = torch.tensor(
+                    [prompt + ssm.greedy_continuation(nt, prompt, SEQ_LEN)]
+                )
+                with torch.no_grad():
+                    top2 = model(ids).logits.topk(2, dim=-1)
+                gap = (top2.values[..., 0] - top2.values[..., 1]).min().item()
+                print(f"{preset} target fp32: min top1-top2 logit gap {gap:.2f}")
+                self.assertTrue(
+                    torch.equal(top2.indices[..., 0], torch.tensor(nt)[ids])
+                )
+                self.assertGreater(gap, ssm.TARGET_MIN_MARGIN)
+
+
 if __name__ == "__main__":
     unittest.main()
