@@ -516,27 +516,36 @@ def disable_threshold_of(record: dict) -> int:
     return int(flags[flags.index("--speculative-disable-batch-threshold") + 1])
 
 
+def lowest_ratio(
+    mine: Dict[int, float], reference: Dict[int, float], min_key: int
+) -> Optional[Tuple[float, int]]:
+    """(the lowest mine / reference over the keys >= min_key both have, its key)."""
+    ratios = [
+        (v / reference[k], k)
+        for k, v in mine.items()
+        if k >= min_key and k in reference
+    ]
+    return min(ratios) if ratios else None
+
+
+def labelled(ratio: Optional[Tuple[float, int]], label: str) -> Optional[Ratio]:
+    return None if ratio is None else (ratio[0], f"{label}{ratio[1]}")
+
+
+def output_tok_s_by_c(record: dict) -> Dict[int, float]:
+    return {p["concurrency"]: p["output_tok_s"] for p in record["points"]}
+
+
 def worst_ratio(
     record: dict, references: List[dict], min_concurrency: int = 0
 ) -> Optional[Ratio]:
     """The lowest tok/s ratio to the best of references over the concurrencies
     every record measured."""
-    by_c = [
-        {p["concurrency"]: p["output_tok_s"] for p in r["points"]} for r in references
-    ]
-    ratios = [
-        (
-            p["output_tok_s"] / max(ref[p["concurrency"]] for ref in by_c),
-            p["concurrency"],
-        )
-        for p in record["points"]
-        if p["concurrency"] >= min_concurrency
-        and all(p["concurrency"] in ref for ref in by_c)
-    ]
-    if not ratios:
-        return None
-    value, concurrency = min(ratios)
-    return value, f"C={concurrency}"
+    by_c = [output_tok_s_by_c(r) for r in references]
+    best = {c: max(ref[c] for ref in by_c) for c in set.intersection(*map(set, by_c))}
+    return labelled(
+        lowest_ratio(output_tok_s_by_c(record), best, min_concurrency), "C="
+    )
 
 
 def plain_decode_by_batch(record: dict) -> Dict[int, float]:
@@ -548,17 +557,14 @@ def plain_decode_by_batch(record: dict) -> Dict[int, float]:
 def worst_plain_step_ratio(record: dict, nospec: dict) -> Optional[Ratio]:
     """The lowest ratio of the record's plain-step decode throughput to nospec's,
     at the running batch sizes >= N that both logged."""
-    mine, reference = plain_decode_by_batch(record), plain_decode_by_batch(nospec)
-    threshold = disable_threshold_of(record)
-    ratios = [
-        (tok_s / reference[bs], bs)
-        for bs, tok_s in mine.items()
-        if bs >= threshold and bs in reference
-    ]
-    if not ratios:
-        return None
-    value, batch = min(ratios)
-    return value, f"batch {batch}"
+    return labelled(
+        lowest_ratio(
+            plain_decode_by_batch(record),
+            plain_decode_by_batch(nospec),
+            disable_threshold_of(record),
+        ),
+        "batch ",
+    )
 
 
 def target_ratios(record: dict, by_name: Dict[str, dict]) -> List[Optional[Ratio]]:
@@ -612,8 +618,7 @@ def crossover_concurrency(nospec: dict, always_on: dict) -> Optional[int]:
     """The lowest C from which no speculation stays at least as fast as always_on
     (at every larger C both measured): the disable threshold this data suggests.
     None: speculation was faster at the largest C."""
-    nospec_by_c = {p["concurrency"]: p["output_tok_s"] for p in nospec["points"]}
-    spec_by_c = {p["concurrency"]: p["output_tok_s"] for p in always_on["points"]}
+    nospec_by_c, spec_by_c = output_tok_s_by_c(nospec), output_tok_s_by_c(always_on)
     crossover = None
     for c in sorted(set(nospec_by_c) & set(spec_by_c), reverse=True):
         if nospec_by_c[c] < spec_by_c[c]:
