@@ -5,10 +5,11 @@ One fresh server process per config (the previous one killed and the GPU checked
 concurrency is swept inside it. Writes raw JSON, a markdown table, a PNG plot and
 summary.json into OUT_DIR/<date>-<model>/.
 
-Runs may be split: each finished config is merged into the results already in
-OUT_DIR/<date>-<model>/ (a config measured again replaces its old record), so configs can
-be measured over several invocations, or at once on separate GPUs (CUDA_VISIBLE_DEVICES
-and --url per invocation).
+Runs may be split: each config's record is merged into the results already in
+OUT_DIR/<date>-<model>/ after every point (a config measured again replaces its old record,
+unless the old one is finished and the new one was cut off before its ramp), so configs
+can be measured over several invocations, or at once on separate GPUs
+(CUDA_VISIBLE_DEVICES and --url per invocation), and a run cut off keeps its points.
 
 With --tp-size N every server is tensor-parallel over the visible GPUs and the results go
 to OUT_DIR/<date>-<model>-tpN/.
@@ -35,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import aiohttp
 import requests
@@ -329,21 +330,32 @@ def run_config(
     draft: str,
     prompts: List[List[int]],
     log_dir: str,
-) -> dict:
+    save: Callable[[dict], None],
+) -> None:
+    """Measure a config in a fresh server; save() gets its record after every point
+    and after the ramp, so a run cut off keeps the points it finished."""
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, f"{config.name}.log")
+
+    def save_with_decode_throughput(record: dict) -> None:
+        with open(log_path, errors="replace") as log:
+            record["decode_tok_s"] = decode_throughput(log, config.spec is not None)
+        save(record)
+
     with serving(args, config, target, draft, prompts, log_path) as launch:
-        record = {"config": config.name, **launch}
+        record = {"config": config.name, **launch, "points": []}
         state = server_state(args.url)
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
-        record["points"] = [
-            measure_point(args, config, prompts, concurrency)
-            for concurrency in tqdm(args.concurrency, desc=config.name)
-        ]
+        for concurrency in tqdm(args.concurrency, desc=config.name):
+            record["points"].append(measure_point(args, config, prompts, concurrency))
+            save_with_decode_throughput(record)
         record["ramp"] = run_ramp(args, config, prompts)
-    with open(log_path, errors="replace") as log:
-        record["decode_tok_s"] = decode_throughput(log, config.spec is not None)
-    return record
+        save_with_decode_throughput(record)
+
+
+def finished(record: Optional[dict]) -> bool:
+    """Whether a record holds all of its config's measurements (the ramp runs last)."""
+    return record is not None and "ramp" in record
 
 
 DECODE_LOG_LINE = re.compile(
@@ -456,15 +468,16 @@ def markdown_table(records: List[dict]) -> str:
     for record in records:
         by_c = {p["concurrency"]: p for p in record["points"]}
         cells = [markdown_cell(by_c[c]) if c in by_c else "-" for c in concurrency]
+        ramp = f"{record['ramp']['output_tok_s']:.0f}" if finished(record) else "-"
         lines.append(
-            f"| {record['config']} | {record['kv_capacity_tokens']} | {record['ramp']['output_tok_s']:.0f} | "
+            f"| {record['config']} | {record['kv_capacity_tokens']} | {ramp} | "
             + " | ".join(cells)
             + " |"
         )
     return (
         "\n".join(lines)
         + "\n\nCells: output tok/s, median of the repeats [min-max] (share of decode"
-        + " steps that speculated).\n"
+        + " steps that speculated); -: not measured (a run cut off).\n"
     )
 
 
@@ -581,7 +594,7 @@ def target_ratios(record: dict, by_name: Dict[str, dict]) -> List[Optional[Ratio
         worst_ratio(record, [nospec], disable_threshold_of(record)) if nospec else None,
         (
             (ramp(record) / max(ramp(r) for r in statics), None)
-            if len(statics) == 2
+            if len(statics) == 2 and all(map(finished, [record, *statics]))
             else None
         ),
         (
@@ -697,8 +710,9 @@ def results_dir(out_root: str, model: str) -> str:
 
 
 def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dict]:
-    """Add a finished config to raw.json (replacing an older record of it); returns
-    all records, in config order. Locked: invocations on other GPUs may write too."""
+    """Add a config's record to raw.json, replacing an older record of it unless
+    that one is finished and this one is not; returns all records, in config order.
+    Locked: invocations on other GPUs may write too."""
     os.makedirs(out_dir, exist_ok=True)
     order = list(KNOWN_CONFIGS)
     with open(os.path.join(out_dir, "raw.lock"), "w") as lock:
@@ -708,7 +722,9 @@ def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dic
         if os.path.exists(raw_path):
             with open(raw_path) as f:
                 records = {r["config"]: r for r in json.load(f)["records"]}
-        records[record["config"]] = {**record, **header}
+        older = records.get(record["config"])
+        if finished(record) or not finished(older):
+            records[record["config"]] = {**record, **header}
         merged = sorted(records.values(), key=lambda r: order.index(r["config"]))
         with open(raw_path, "w") as f:
             json.dump({"model": header["model"], "records": merged}, f, indent=1)
@@ -752,6 +768,7 @@ def write_results(out_dir: str, records: List[dict]) -> None:
         "ramp": [
             {"config": r["ramp"]["config"], "output_tok_s": r["ramp"]["output_tok_s"]}
             for r in records
+            if finished(r)
         ],
         "kv_capacity_tokens": {r["config"]: r["kv_capacity_tokens"] for r in records},
     }
@@ -892,11 +909,14 @@ def main() -> None:
     target, draft, prompts = model_and_prompts(args, num_prompts)
     header = describe_run(model_name(args))
     out_dir = results_dir(args.out_dir, model_name(args))
-    for config in configs:
-        record = run_config(
-            args, config, target, draft, prompts, os.path.join(out_dir, "logs")
-        )
+
+    def save(record: dict) -> None:
         write_results(out_dir, merge_record(out_dir, record, header))
+
+    for config in configs:
+        run_config(
+            args, config, target, draft, prompts, os.path.join(out_dir, "logs"), save
+        )
         print(f"{config.name}: results in {out_dir}", flush=True)
 
 

@@ -2,7 +2,7 @@
 (summary.json for machines, markdown and PNG for people). No server, no GPU."""
 
 import argparse
-import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -69,23 +69,23 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(cell, "10 [5-20] (100% spec)")
 
     def test_a_point_repeats_whole_closed_loops_until_its_minimum_duration(self):
-        calls = []
+        calls, clock = [], [0.0]
 
         async def closed_loop(url, prompts, output_len, concurrency):
             calls.append((url, len(prompts), output_len, concurrency))
-            await asyncio.sleep(0.02)
+            clock[0] += 0.02  # each loop takes 20 ms
             return [self.result(0.1, 0.2, output_len) for _ in prompts]
 
-        with mock.patch.object(self.bench, "closed_loop", closed_loop):
+        fake_time = mock.Mock(perf_counter=lambda: clock[0])
+        with mock.patch.multiple(self.bench, closed_loop=closed_loop, time=fake_time):
             results, wall = self.bench.closed_loops_for(0.05, "u", [[1], [2]], 8, 2)
-        self.assertGreaterEqual(wall, 0.05)
-        self.assertGreaterEqual(len(calls), 3)
-        self.assertEqual(set(calls), {("u", 2, 8, 2)})
-        self.assertEqual(len(results), 2 * len(calls))
-        calls.clear()
-        with mock.patch.object(self.bench, "closed_loop", closed_loop):
+            self.assertEqual(len(calls), 3)
+            self.assertAlmostEqual(wall, 0.06)
+            self.assertEqual(set(calls), {("u", 2, 8, 2)})
+            self.assertEqual(len(results), 2 * len(calls))
+            calls.clear()
             self.bench.closed_loops_for(0, "u", [[1]], 8, 1)
-        self.assertEqual(len(calls), 1)  # always one whole loop
+            self.assertEqual(len(calls), 1)  # always one whole loop
 
     def test_server_args_as_flags(self):
         flags = self.bench.cli_args(
@@ -332,6 +332,88 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(records[0]["points"][0]["output_tok_s"], 120.0)
             saved = json.loads(Path(out_dir, "raw.json").read_text())["records"]
             self.assertEqual(saved, records)
+
+    def test_a_run_cut_off_keeps_the_points_it_finished(self):
+        measured = []
+
+        def measure_point(args, config, prompts, concurrency):
+            if len(measured) == 2:
+                raise KeyboardInterrupt  # the run's time limit
+            point = self.record(config.name, 100.0)["points"][0]
+            measured.append({**point, "concurrency": concurrency})
+            return measured[-1]
+
+        @contextlib.contextmanager
+        def serving(args, config, target, draft, prompts, log_path):
+            Path(log_path).write_text("")
+            yield {"server_args": [], "env": {}}
+
+        state = {"memory_usage": {"token_capacity": 1000}}
+        args = argparse.Namespace(url="u", concurrency=[1, 8, 64])
+        config = self.bench.KNOWN_CONFIGS["nospec"]
+        with tempfile.TemporaryDirectory() as out_dir, mock.patch.multiple(
+            self.bench,
+            serving=serving,
+            server_state=lambda url: state,
+            measure_point=measure_point,
+            tqdm=lambda items, desc: items,
+        ):
+            self.bench.merge_record(
+                out_dir, self.record("eagle3-topk4", 90.0), self.header("abc")
+            )
+
+            def save(record):
+                self.bench.write_results(
+                    out_dir,
+                    self.bench.merge_record(out_dir, record, self.header("abc")),
+                )
+
+            with self.assertRaises(KeyboardInterrupt):
+                self.bench.run_config(
+                    args, config, "t", "d", [], os.path.join(out_dir, "logs"), save
+                )
+            saved = json.loads(Path(out_dir, "raw.json").read_text())["records"]
+            self.assertEqual([r["config"] for r in saved], ["nospec", "eagle3-topk4"])
+            self.assertEqual([p["concurrency"] for p in saved[0]["points"]], [1, 8])
+            self.assertFalse(self.bench.finished(saved[0]))
+            summary = json.loads(Path(out_dir, "summary.json").read_text())
+            self.assertEqual([r["config"] for r in summary["ramp"]], ["eagle3-topk4"])
+            self.assertIn(
+                "| nospec | 1000 | - | 100 (0% spec) | 100 (0% spec) |",
+                Path(out_dir, "results.md").read_text(),
+            )
+
+    def cut_off(self, name: str, speed: float) -> dict:
+        record = self.record(name, speed)
+        del record["ramp"]
+        return record
+
+    def test_a_cut_off_record_does_not_replace_a_finished_one(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            self.bench.merge_record(
+                out_dir, self.record("nospec", 100.0), self.header("old")
+            )
+            records = self.bench.merge_record(
+                out_dir, self.cut_off("nospec", 120.0), self.header("new")
+            )
+            self.assertEqual(records[0]["commit"], "old")
+            records = self.bench.merge_record(
+                out_dir, self.record("nospec", 130.0), self.header("new")
+            )
+            self.assertEqual(records[0]["commit"], "new")
+
+    def test_a_cut_off_config_leaves_its_ramp_target_open(self):
+        table = self.bench.targets_table(
+            [
+                self.record("nospec", 100.0),
+                self.record("eagle3-topk4", 90.0),
+                self.cut_off("loadaware-topk4", 95.0),
+            ]
+        )
+        self.assertIn(
+            "| loadaware-topk4 | 0.95 at C=1 missed | 0.95 at C=8 missed | - | 1.00 met |",
+            table,
+        )
 
 
 if __name__ == "__main__":
