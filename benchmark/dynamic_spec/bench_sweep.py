@@ -8,8 +8,9 @@ summary.json into OUT_DIR/<date>-<model>/.
 Runs may be split: each config's record is merged into the results already in
 OUT_DIR/<date>-<model>/ after every point (a config measured again replaces its old record,
 unless the old one is finished and the new one was cut off before its ramp), so configs
-can be measured over several invocations, or at once on separate GPUs
-(CUDA_VISIBLE_DEVICES and --url per invocation), and a run cut off keeps its points.
+can be measured over several invocations (--results-date adds to an earlier day's
+results), or at once on separate GPUs (CUDA_VISIBLE_DEVICES and --url per invocation), and
+a run cut off keeps its points.
 
 With --tp-size N every server is tensor-parallel over the visible GPUs and the results go
 to OUT_DIR/<date>-<model>-tpN/.
@@ -705,8 +706,8 @@ def describe_run(model: str) -> Dict[str, str]:
     }
 
 
-def results_dir(out_root: str, model: str) -> str:
-    return os.path.join(out_root, f"{datetime.date.today().isoformat()}-{model}")
+def results_dir(args) -> str:
+    return os.path.join(args.out_dir, f"{args.results_date}-{model_name(args)}")
 
 
 def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dict]:
@@ -832,6 +833,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--out-dir",
         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
     )
+    parser.add_argument(
+        "--results-date",
+        default=datetime.date.today().isoformat(),
+        help="the date in the results directory's name (default today; an earlier "
+        "run's date adds configs to its results)",
+    )
 
 
 def selected_configs(args) -> List[Config]:
@@ -908,7 +915,7 @@ def main() -> None:
     )
     target, draft, prompts = model_and_prompts(args, num_prompts)
     header = describe_run(model_name(args))
-    out_dir = results_dir(args.out_dir, model_name(args))
+    out_dir = results_dir(args)
 
     def save(record: dict) -> None:
         write_results(out_dir, merge_record(out_dir, record, header))

@@ -141,7 +141,7 @@ def main() -> None:
         CLOSED_LOOP_PROMPTS if args.closed_loop else 1
     )
     target, draft, prompts = bench.model_and_prompts(args, num_prompts)
-    out_dir = bench.results_dir(args.out_dir, bench.model_name(args))
+    out_dir = bench.results_dir(args)
     profiles = []
     for config in configs:
         profiles += profile_config(args, config, target, draft, prompts, out_dir)

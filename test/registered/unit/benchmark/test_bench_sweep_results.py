@@ -144,6 +144,8 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(self.bench.model_name(args), "tiny-p0.8")
         args.tp_size = 8
         self.assertEqual(self.bench.model_name(args), "tiny-p0.8-tp8")
+        args.out_dir, args.results_date = "/r", "2026-11-29"
+        self.assertEqual(self.bench.results_dir(args), "/r/2026-11-29-tiny-p0.8-tp8")
         self.assertEqual(config.extra_args[-1], "48")
         args.disable_threshold_for = [("nospec", 48)]
         with self.assertRaises(SystemExit):
