@@ -732,6 +732,15 @@ def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dic
     return merged
 
 
+def record_saver(out_dir: str, header: Dict[str, str]) -> Callable[[dict], None]:
+    """save(record) for run_config: merged into raw.json, the results rewritten."""
+
+    def save(record: dict) -> None:
+        write_results(out_dir, merge_record(out_dir, record, header))
+
+    return save
+
+
 def results_markdown(records: List[dict], title: str) -> str:
     sections = [f"# {title}\n\n", markdown_table(records)]
     decode = decode_table(records)
@@ -916,10 +925,7 @@ def main() -> None:
     target, draft, prompts = model_and_prompts(args, num_prompts)
     header = describe_run(model_name(args))
     out_dir = results_dir(args)
-
-    def save(record: dict) -> None:
-        write_results(out_dir, merge_record(out_dir, record, header))
-
+    save = record_saver(out_dir, header)
     for config in configs:
         run_config(
             args, config, target, draft, prompts, os.path.join(out_dir, "logs"), save

@@ -196,15 +196,15 @@ class TestBenchSweepResults(CustomTestCase):
     def header(self, commit: str) -> dict:
         return {"model": "tiny-p0.8", "gpu": "none", "commit": commit, "command": "b"}
 
+    def merge(self, out_dir: str, record: dict, commit: str = "abc") -> list:
+        return self.bench.merge_record(out_dir, record, self.header(commit))
+
     def test_write_results_produces_summary_table_and_plot(self):
         with tempfile.TemporaryDirectory() as out_dir:
-            self.bench.merge_record(
-                out_dir, self.record("loadaware-topk4", 150.0), self.header("abc")
+            self.merge(out_dir, self.record("loadaware-topk4", 150.0))
+            self.bench.write_results(
+                out_dir, self.merge(out_dir, self.record("nospec", 100.0))
             )
-            records = self.bench.merge_record(
-                out_dir, self.record("nospec", 100.0), self.header("abc")
-            )
-            self.bench.write_results(out_dir, records)
             summary = json.loads(Path(out_dir, "summary.json").read_text())
             self.assertEqual(len(summary["points"]), 4)
             self.assertTrue(
@@ -318,15 +318,9 @@ class TestBenchSweepResults(CustomTestCase):
 
     def test_a_config_measured_again_replaces_its_record(self):
         with tempfile.TemporaryDirectory() as out_dir:
-            self.bench.merge_record(
-                out_dir, self.record("nospec", 100.0), self.header("old")
-            )
-            self.bench.merge_record(
-                out_dir, self.record("eagle3-topk4", 90.0), self.header("old")
-            )
-            records = self.bench.merge_record(
-                out_dir, self.record("nospec", 120.0), self.header("new")
-            )
+            self.merge(out_dir, self.record("nospec", 100.0), "old")
+            self.merge(out_dir, self.record("eagle3-topk4", 90.0), "old")
+            records = self.merge(out_dir, self.record("nospec", 120.0), "new")
             self.assertEqual(
                 [(r["config"], r["commit"]) for r in records],
                 [("nospec", "new"), ("eagle3-topk4", "old")],
@@ -360,16 +354,8 @@ class TestBenchSweepResults(CustomTestCase):
             measure_point=measure_point,
             tqdm=lambda items, desc: items,
         ):
-            self.bench.merge_record(
-                out_dir, self.record("eagle3-topk4", 90.0), self.header("abc")
-            )
-
-            def save(record):
-                self.bench.write_results(
-                    out_dir,
-                    self.bench.merge_record(out_dir, record, self.header("abc")),
-                )
-
+            self.merge(out_dir, self.record("eagle3-topk4", 90.0))
+            save = self.bench.record_saver(out_dir, self.header("abc"))
             with self.assertRaises(KeyboardInterrupt):
                 self.bench.run_config(
                     args, config, "t", "d", [], os.path.join(out_dir, "logs"), save
@@ -392,16 +378,10 @@ class TestBenchSweepResults(CustomTestCase):
 
     def test_a_cut_off_record_does_not_replace_a_finished_one(self):
         with tempfile.TemporaryDirectory() as out_dir:
-            self.bench.merge_record(
-                out_dir, self.record("nospec", 100.0), self.header("old")
-            )
-            records = self.bench.merge_record(
-                out_dir, self.cut_off("nospec", 120.0), self.header("new")
-            )
+            self.merge(out_dir, self.record("nospec", 100.0), "old")
+            records = self.merge(out_dir, self.cut_off("nospec", 120.0), "new")
             self.assertEqual(records[0]["commit"], "old")
-            records = self.bench.merge_record(
-                out_dir, self.record("nospec", 130.0), self.header("new")
-            )
+            records = self.merge(out_dir, self.record("nospec", 130.0), "new")
             self.assertEqual(records[0]["commit"], "new")
 
     def test_a_cut_off_config_leaves_its_ramp_target_open(self):
