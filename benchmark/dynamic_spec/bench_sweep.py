@@ -107,6 +107,15 @@ def build_configs(
                 {},
                 always_on="eagle3-topk1",
             ),
+            # The full draft forward on every plain step (drafts that cannot
+            # write their KV alone): what the KV-only write saves.
+            Config(
+                "loadaware-topk1-full-catch-up",
+                EAGLE3_CHAIN,
+                load_aware("loadaware-topk1-full-catch-up"),
+                {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"},
+                always_on="eagle3-topk1",
+            ),
             Config(
                 "loadaware-topk1-v1",
                 EAGLE3_CHAIN,

@@ -20,6 +20,7 @@ FIRST_TARGET_TOKEN = 40
 FIRST_DRAFT_TOKEN = 3
 DRAFT_HIDDEN_SIZE = 8
 DRAFT_VOCAB_SIZE = 32
+KV_ONLY_HIDDEN_OFFSET = 0.5
 
 
 class RecordingTarget:
@@ -56,14 +57,44 @@ class RecordingTarget:
         )
 
 
+class KVOnlyDraftModel:
+    """A draft model that writes its KV cache alone: records each call and returns
+    the target hidden state's first DRAFT_HIDDEN_SIZE dims + KV_ONLY_HIDDEN_OFFSET as
+    the projected hidden state."""
+
+    def __init__(self):
+        self.calls: List[Dict[str, Any]] = []
+
+    def can_write_kv_cache_only(self) -> bool:
+        return True
+
+    def write_kv_cache_only(
+        self, input_ids, positions, hidden_states, out_cache_loc, token_to_kv_pool
+    ) -> torch.Tensor:
+        self.calls.append(
+            dict(
+                input_ids=input_ids.tolist(),
+                positions=positions.tolist(),
+                hidden_states=hidden_states,
+                out_cache_loc=out_cache_loc.tolist(),
+                token_to_kv_pool=token_to_kv_pool,
+            )
+        )
+        return hidden_states[:, :DRAFT_HIDDEN_SIZE] + KV_ONLY_HIDDEN_OFFSET
+
+
 class RecordingDraft:
     """The draft model runner of the catch-up, run eagerly (--disable-cuda-graph):
-    request i's top-1 is FIRST_DRAFT_TOKEN + i. Records the attention metadata
-    planned (forward mode, spec_info) and each draft-extend preparation."""
+    request i's top-1 is FIRST_DRAFT_TOKEN + i, its hidden state all ones. Records
+    the attention metadata planned (forward mode, spec_info) and each draft-extend
+    preparation. kv_only: the model is a KVOnlyDraftModel (``model``)."""
 
-    def __init__(self, test: TestCase, req_to_token_pool, num_reqs: int):
+    def __init__(
+        self, test: TestCase, req_to_token_pool, num_reqs: int, kv_only: bool = False
+    ):
         self.metadata_calls: List[tuple] = []
         self.extend_calls: List[Dict[str, Any]] = []
+        self.model = KVOnlyDraftModel() if kv_only else SimpleNamespace()
         logits = torch.zeros(num_reqs, DRAFT_VOCAB_SIZE)
         logits[torch.arange(num_reqs), torch.arange(num_reqs) + FIRST_DRAFT_TOKEN] = 10
         attention = SimpleNamespace(
@@ -72,6 +103,8 @@ class RecordingDraft:
             )
         )
         self.runner = SimpleNamespace(
+            model=self.model,
+            token_to_kv_pool="draft-kv-pool",
             tp_group=None,
             server_args=SimpleNamespace(disable_cuda_graph=True),
             req_to_token_pool=req_to_token_pool,

@@ -186,3 +186,9 @@ class LoadAwarePlainDecode:
             capture_hidden_mode=CaptureHiddenMode.LAST,
         )
         return result
+
+    def resume_speculation(self, batch: ScheduleBatch) -> None:
+        """Before a speculative step: complete the draft input that KV-only plain
+        steps left pending (DraftCatchUp.resume)."""
+        if self.draft_catch_up.resume_pending:
+            self.draft_catch_up.resume(batch.get_model_worker_batch(), batch.spec_info)

@@ -6,6 +6,12 @@ with undiminished acceptance. ``DraftCatchUp`` runs that as a one-token draft
 extend per request and returns the next draft input (top-k and hidden state of
 the draft at the new token).
 
+A one-layer EAGLE-3 head writes that KV alone (``write_kv_cache_only``: embedding,
+fc, norms and the K/V projections, no attention, MLP or LM head). Its top-k and
+hidden state are only needed by a speculative step, so plain steps then leave the
+next draft input pending (top-k probability -1) and ``DraftCatchUp.resume`` runs
+the full one-token forward once, before the first speculative step after them.
+
 A draft extend of one token per request is a decode: its attention runs through
 ``DecodeAttentionForOneTokenExtend``, which hands the extend to the decode
 kernels of a separate attention-backend instance. The extend kernels would
@@ -23,6 +29,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, Optional, Tuple
 
 import torch
+from sglang.srt.environ import envs
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
@@ -121,9 +128,18 @@ class DecodeAttentionForOneTokenExtend(AttentionBackend):
         )
 
 
+def plain_steps_write_kv_only(draft_model: torch.nn.Module) -> bool:
+    if envs.SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP.get():
+        return False
+    can_write = getattr(draft_model, "can_write_kv_cache_only", None)
+    return can_write is not None and can_write()
+
+
 class DraftCatchUp:
     """One draft-extend token per request after a plain step, with its own CUDA
-    graphs (one token per request, every captured batch size).
+    graphs (one token per request, every captured batch size); or, where the
+    draft model can (module docstring), its KV write only, completed by
+    ``resume`` when speculation resumes.
 
     draft_worker: what the draft-extend graph runner of this worker type is
     built from (the v1 EAGLEWorker, or the v2 EagleDraftWorker);
@@ -151,12 +167,22 @@ class DraftCatchUp:
             (max_bs,), dtype=torch.int32, device=device
         )
         self.num_accept_tokens = torch.ones((max_bs,), dtype=torch.int32, device=device)
+        self.kv_only = plain_steps_write_kv_only(draft_runner.model)
+        # Whether a KV-only step may have left draft inputs pending.
+        self.resume_pending = False
         self.attn_backend = DecodeAttentionForOneTokenExtend(
             # Shares the flashinfer workspace: plain steps run their forwards in
             # sequence on one stream, each planning right before it runs.
             fresh_attention_backend(draft_runner, init_new_workspace=False)
         )
         self.graph_runner = None
+        if self.kv_only:
+            log_info_on_rank0(
+                logger,
+                "Load-aware speculation: plain steps write the draft KV only; the "
+                "full draft forward runs once when speculation resumes.",
+            )
+            return
         if draft_runner.server_args.disable_cuda_graph:
             return
         if spec_graph_runner is None:
@@ -210,8 +236,65 @@ class DraftCatchUp:
         consumes (token at p + 1 = the sampled one, target hidden state at p).
         hidden_states: [bs, target hidden size (x aux layers for EAGLE-3)];
         next_token_ids: [bs].
-        Returns the draft's (topk_p, topk_index, hidden_states) at the new token.
+        Returns the draft's (topk_p, topk_index, hidden_states) at the new token;
+        KV-only: the pending top-k and the draft's hidden-state input there.
         """
+        if not self.kv_only:
+            return self._forward(batch, hidden_states, next_token_ids)
+        bs = len(batch.seq_lens)
+        with self.draft_context():
+            hidden_states = self.draft_runner.model.write_kv_cache_only(
+                next_token_ids,
+                (batch.seq_lens - 1).to(torch.int64),
+                hidden_states,
+                batch.out_cache_loc,
+                self.draft_runner.token_to_kv_pool,
+            )
+        self.resume_pending = True
+        device = hidden_states.device
+        pending_topk_p = torch.full((bs, self.topk), -1.0, device=device)
+        pending_topk_index = torch.zeros(
+            (bs, self.topk), dtype=torch.int64, device=device
+        )
+        return pending_topk_p, pending_topk_index, hidden_states
+
+    def resume(self, batch: ModelWorkerBatch, draft_input: EagleDraftInput) -> None:
+        """Complete the draft input of a speculative step after KV-only plain steps.
+
+        The rows a plain step left pending get the draft's top-k and hidden state
+        from the full one-token forward at their last position (its KV write
+        repeats the plain step's); the other rows (prefilled since) keep theirs
+        and write to the padding slot 0.
+        batch: the speculative step's batch (not modified); draft_input: its
+        spec_info (updated).
+        """
+        if not self.resume_pending:
+            return
+        self.resume_pending = False
+        pending = draft_input.topk_p[:, 0] < 0  # [bs]
+        positions = (batch.seq_lens - 1).to(torch.int64)
+        slots = self.draft_runner.req_to_token_pool.req_to_token[
+            batch.req_pool_indices, positions
+        ]
+        catch_up_batch = copy.copy(batch)
+        catch_up_batch.out_cache_loc = torch.where(pending, slots, 0).to(torch.int64)
+        topk_p, topk_index, hidden_states = self._forward(
+            catch_up_batch, draft_input.hidden_states, draft_input.bonus_tokens
+        )
+        rows = pending[:, None]
+        draft_input.topk_p = torch.where(rows, topk_p, draft_input.topk_p)
+        draft_input.topk_index = torch.where(rows, topk_index, draft_input.topk_index)
+        draft_input.hidden_states = torch.where(
+            rows, hidden_states, draft_input.hidden_states
+        )
+
+    def _forward(
+        self,
+        batch: ModelWorkerBatch,
+        hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """The full one-token draft forward of ``run``: (topk_p, topk_index, hidden)."""
         bs = len(batch.seq_lens)
         # prepare_for_extend_to_fill_draft_kvcache extends from seq_lens.
         batch.seq_lens = batch.seq_lens - 1

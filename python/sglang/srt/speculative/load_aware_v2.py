@@ -201,3 +201,8 @@ class LoadAwarePlainDecodeV2:
             worker._draft_done_event = device_module.Event()
             worker._draft_done_event.record()
         return result
+
+    def resume_speculation(self, batch: ModelWorkerBatch) -> None:
+        """Before a speculative step (forward stream): complete the draft input
+        that KV-only plain steps left pending (DraftCatchUp.resume)."""
+        self.draft_catch_up.resume(batch, batch.spec_info)

@@ -94,6 +94,7 @@ class LoadAwareServerBase(CustomTestCase):
     seed = 11
     draft_kv_check = False
     extra_args: List[str] = []
+    extra_env: Dict[str, str] = {}
     spec_v2 = False  # True: the overlap scheduler's EAGLEWorkerV2 (topk 1)
     server_log: Optional[str] = None  # a path: the server's output goes there
 
@@ -119,6 +120,7 @@ class LoadAwareServerBase(CustomTestCase):
             env={
                 **LEAK_CHECK_ENV,
                 "SGLANG_ENABLE_SPEC_V2": "1" if cls.spec_v2 else "0",
+                **cls.extra_env,
             },
             log_path=cls.server_log,
         )
@@ -365,6 +367,13 @@ class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
         self.assert_server_alive_and_idle_clean()
 
 
+class TestLoadAwareFrequentResumeKVCheckFullCatchUp(TestLoadAwareFrequentResumeKVCheck):
+    """The same with the full draft forward on every plain step: the path of drafts
+    that cannot write their KV alone (the synthetic one-layer heads can)."""
+
+    extra_env = {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
+
+
 class MatrixMixin:
     """Stop strings, logprobs and max_new_tokens ending during plain steps."""
 
@@ -454,6 +463,12 @@ class TestLoadAwareV2AtTheThreshold(
 
 
 class TestLoadAwareV2Ramp(SpecV2Mixin, TestLoadAwareRampTree):
+    pass
+
+
+class TestLoadAwareV2FrequentResumeKVCheck(
+    SpecV2Mixin, TestLoadAwareFrequentResumeKVCheck
+):
     pass
 
 

@@ -259,9 +259,11 @@ class TestPlainStepWorkerDataflow(LoadAwareBatchTestBase):
     """LoadAwarePlainDecode.forward (v1 worker) with stand-in target and draft
     models: what each receives, and the draft input installed for the next step."""
 
-    def test_forward(self):
+    def make_plain_decode(self, kv_only: bool = False):
         target = RecordingTarget(HIDDEN)
-        draft = RecordingDraft(self, self.req_to_token_pool, len(PROMPT_LENS))
+        draft = RecordingDraft(
+            self, self.req_to_token_pool, len(PROMPT_LENS), kv_only=kv_only
+        )
         worker = SimpleNamespace(
             target_worker=target,
             draft_model_runner=draft.runner,
@@ -273,7 +275,10 @@ class TestPlainStepWorkerDataflow(LoadAwareBatchTestBase):
             device="cpu",
             gpu_id=0,
         )
-        plain = LoadAwarePlainDecode(worker)
+        return target, draft, LoadAwarePlainDecode(worker)
+
+    def test_forward(self):
+        target, draft, plain = self.make_plain_decode()
         batch = self.prefilled_batch()
         seq_lens = batch.seq_lens.tolist()
         batch.prepare_for_decode(SpecPolicy(3, 2, min_dwell_steps=0))
@@ -310,6 +315,67 @@ class TestPlainStepWorkerDataflow(LoadAwareBatchTestBase):
         self.assertEqual(tuple(nxt.topk_p.shape), (4, TOPK))
         self.assertEqual(tuple(nxt.hidden_states.shape), (4, DRAFT_HIDDEN_SIZE))
         self.assertEqual(nxt.capture_hidden_mode, CaptureHiddenMode.LAST)
+        self.assertFalse(plain.draft_catch_up.resume_pending)
+
+    def test_kv_only_plain_step_then_resume(self):
+        _, draft, plain = self.make_plain_decode(kv_only=True)
+        batch = self.prefilled_batch()
+        seq_lens = batch.seq_lens.tolist()
+        batch.prepare_for_decode(SpecPolicy(3, 2, min_dwell_steps=0))
+        out_cache_loc = batch.out_cache_loc.tolist()
+
+        plain.forward(batch)
+
+        # The draft writes its KV at the slot the target wrote, nothing else.
+        (call,) = draft.model.calls
+        self.assertEqual(call["input_ids"], [40, 41, 42, 43])
+        self.assertEqual(call["positions"], seq_lens)
+        self.assertEqual(call["out_cache_loc"], out_cache_loc)
+        self.assertEqual(call["hidden_states"][:, 0].tolist(), [0, 1, 2, 3])
+        self.assertEqual(call["token_to_kv_pool"], "draft-kv-pool")
+        self.assertEqual(draft.extend_calls, [])
+        # The next draft input is pending: no top-k, the projected hidden state.
+        nxt = batch.spec_info
+        self.assertEqual(nxt.bonus_tokens.tolist(), [40, 41, 42, 43])
+        self.assertTrue((nxt.topk_p == -1).all())
+        self.assertEqual(nxt.hidden_states[:, 0].tolist(), [0.5, 1.5, 2.5, 3.5])
+        self.assertTrue(plain.draft_catch_up.resume_pending)
+
+        # Request 2 was prefilled since: its draft input is complete.
+        prefilled = torch.arange(4)[:, None] == 2
+        nxt.topk_p = torch.where(prefilled, 0.25, nxt.topk_p)
+        nxt.topk_index = torch.where(prefilled, 9, nxt.topk_index)
+
+        plain.resume_speculation(batch)
+
+        # One full draft forward at the last position: the pending rows write
+        # their KV slot again, request 2 writes to the padding slot.
+        (call,) = draft.extend_calls
+        self.assertEqual(call["predict"], [40, 41, 42, 43])
+        self.assertEqual(call["seq_lens"], seq_lens)
+        self.assertEqual(
+            call["out_cache_loc"], out_cache_loc[:2] + [0] + out_cache_loc[3:]
+        )
+        self.assertEqual(call["hidden_states"][:, 0].tolist(), [0.5, 1.5, 2.5, 3.5])
+        done = batch.spec_info
+        self.assertEqual(done.topk_index[:, 0].tolist(), [3, 4, 9, 6])
+        self.assertEqual(done.topk_p[2].tolist(), [0.25] * TOPK)
+        self.assertTrue((done.topk_p[[0, 1, 3]] > 0).all())
+        self.assertEqual(done.hidden_states[:, 0].tolist(), [1, 1, 2.5, 1])
+        self.assertEqual(batch.out_cache_loc.tolist(), out_cache_loc)
+
+        plain.resume_speculation(batch)  # nothing pending any more
+        self.assertEqual(len(draft.extend_calls), 1)
+
+    def test_full_draft_catch_up_on_request(self):
+        with envs.SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP.override(True):
+            _, draft, plain = self.make_plain_decode(kv_only=True)
+        batch = self.prefilled_batch()
+        batch.prepare_for_decode(SpecPolicy(3, 2, min_dwell_steps=0))
+        plain.forward(batch)
+        self.assertEqual(draft.model.calls, [])
+        self.assertEqual(len(draft.extend_calls), 1)
+        self.assertFalse(plain.draft_catch_up.resume_pending)
 
 
 class TestNonSpeculativeServerUnchanged(LoadAwareBatchTestBase):

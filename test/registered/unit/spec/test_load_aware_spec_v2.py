@@ -391,9 +391,11 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
 
     HIDDEN = 12
 
-    def make_plain_decode(self):
+    def make_plain_decode(self, kv_only: bool = False):
         self.target = RecordingTarget(self.HIDDEN)
-        self.draft = RecordingDraft(self, self.req_to_token_pool, len(PROMPT_LENS))
+        self.draft = RecordingDraft(
+            self, self.req_to_token_pool, len(PROMPT_LENS), kv_only=kv_only
+        )
         draft_worker = SimpleNamespace(
             draft_tp_context=no_tp_context,
             draft_runner=self.draft.runner,
@@ -412,10 +414,8 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         )
         return load_aware_v2.LoadAwarePlainDecodeV2(worker)
 
-    def test_forward(self):
-        plain = self.make_plain_decode()
-        batch = self.prefilled_batch()
-        seq_lens = batch.seq_lens.tolist()
+    def plain_step(self, plain, batch):
+        """Prepare and run a plain step as the overlap scheduler does."""
         batch.prepare_for_decode(FixedPolicy([False]))
         mwb = batch.get_model_worker_batch()
         # What FutureMap.resolve_future leaves on the draft input.
@@ -423,8 +423,14 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
             [100, 101, 102, 103], dtype=torch.int32
         )
         out_cache_loc = mwb.out_cache_loc.tolist()
+        return plain.forward(mwb), out_cache_loc
 
-        result = plain.forward(mwb)
+    def test_forward(self):
+        plain = self.make_plain_decode()
+        batch = self.prefilled_batch()
+        seq_lens = batch.seq_lens.tolist()
+
+        result, out_cache_loc = self.plain_step(plain, batch)
 
         # Target: a plain DECODE forward of the pending tokens, DECODE graphs.
         (call,) = self.target.calls
@@ -460,6 +466,37 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         self.assertIsNone(nxt.verify_done)
         self.assertIsNone(result.accept_lens)
         self.assertEqual(result.num_correct_drafts, 0)
+
+    def test_kv_only_plain_step_then_resume(self):
+        plain = self.make_plain_decode(kv_only=True)
+        batch = self.prefilled_batch()
+        seq_lens = batch.seq_lens.tolist()
+
+        result, out_cache_loc = self.plain_step(plain, batch)
+
+        (call,) = self.draft.model.calls
+        self.assertEqual(call["positions"], seq_lens)
+        self.assertEqual(call["out_cache_loc"], out_cache_loc)
+        self.assertEqual(self.draft.extend_calls, [])
+        nxt = result.next_draft_input
+        self.assertTrue((nxt.topk_p == -1).all())
+        self.assertEqual(nxt.hidden_states[:, 0].tolist(), [0.5, 1.5, 2.5, 3.5])
+
+        # The next (speculative) step's batch, its draft input from the future map.
+        batch.seq_lens, batch.spec_info = nxt.new_seq_lens, nxt
+        batch.seq_lens_cpu = nxt.new_seq_lens.cpu()
+        mwb = batch.get_model_worker_batch()
+        spec_step_out_cache_loc = mwb.out_cache_loc
+
+        plain.resume_speculation(mwb)
+
+        (call,) = self.draft.extend_calls
+        self.assertEqual(call["predict"], [40, 41, 42, 43])
+        self.assertEqual(call["seq_lens"], seq_lens)
+        self.assertEqual(call["out_cache_loc"], out_cache_loc)
+        self.assertEqual(mwb.spec_info.topk_index[:, 0].tolist(), [3, 4, 5, 6])
+        self.assertEqual(mwb.spec_info.hidden_states[:, 0].tolist(), [1] * 4)
+        self.assertIs(mwb.out_cache_loc, spec_step_out_cache_loc)
 
 
 if __name__ == "__main__":
