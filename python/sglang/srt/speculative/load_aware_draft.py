@@ -258,7 +258,7 @@ class DraftCatchUp:
         )
         return pending_topk_p, pending_topk_index, hidden_states
 
-    def resume(self, batch: ModelWorkerBatch, draft_input: EagleDraftInput) -> None:
+    def resume(self, batch: ModelWorkerBatch, draft_input: EagleDraftInput) -> bool:
         """Complete the draft input of a speculative step after KV-only plain steps.
 
         The rows a plain step left pending get the draft's top-k and hidden state
@@ -266,10 +266,10 @@ class DraftCatchUp:
         repeats the plain step's); the other rows (prefilled since) keep theirs
         and write to the padding slot 0.
         batch: the speculative step's batch (not modified); draft_input: its
-        spec_info (updated).
+        spec_info (updated). Returns whether the forward ran.
         """
         if not self.resume_pending:
-            return
+            return False
         self.resume_pending = False
         pending = draft_input.topk_p[:, 0] < 0  # [bs]
         positions = (batch.seq_lens - 1).to(torch.int64)
@@ -287,6 +287,7 @@ class DraftCatchUp:
         draft_input.hidden_states = torch.where(
             rows, hidden_states, draft_input.hidden_states
         )
+        return True
 
     def _forward(
         self,

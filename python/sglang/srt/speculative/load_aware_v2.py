@@ -204,5 +204,12 @@ class LoadAwarePlainDecodeV2:
 
     def resume_speculation(self, batch: ModelWorkerBatch) -> None:
         """Before a speculative step (forward stream): complete the draft input
-        that KV-only plain steps left pending (DraftCatchUp.resume)."""
-        self.draft_catch_up.resume(batch, batch.spec_info)
+        that KV-only plain steps left pending (DraftCatchUp.resume).
+
+        Its forward shares the flashinfer workspace with the draft's backends:
+        plan-stream work of this step waits for it.
+        """
+        worker = self.worker
+        if self.draft_catch_up.resume(batch, batch.spec_info) and worker.plan_stream:
+            device_module = torch.get_device_module(worker.device)
+            worker.plan_stream.wait_stream(device_module.current_stream())

@@ -487,6 +487,8 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         batch.seq_lens_cpu = nxt.new_seq_lens.cpu()
         mwb = batch.get_model_worker_batch()
         spec_step_out_cache_loc = mwb.out_cache_loc
+        waits = []
+        plain.worker.plan_stream = SimpleNamespace(wait_stream=waits.append)
 
         plain.resume_speculation(mwb)
 
@@ -497,6 +499,10 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         self.assertEqual(mwb.spec_info.topk_index[:, 0].tolist(), [3, 4, 5, 6])
         self.assertEqual(mwb.spec_info.hidden_states[:, 0].tolist(), [1] * 4)
         self.assertIs(mwb.out_cache_loc, spec_step_out_cache_loc)
+        # Later plan-stream work of the step waits for the resume's forward.
+        self.assertEqual(len(waits), 1)
+        plain.resume_speculation(mwb)  # nothing pending any more
+        self.assertEqual((len(self.draft.extend_calls), len(waits)), (1, 1))
 
 
 if __name__ == "__main__":
