@@ -185,22 +185,45 @@ async def one_request(
     )
 
 
+class PromptSource:
+    """Random prompts of input_len tokens, a new one each time: no request finds its
+    prompt in the radix cache, so every request prefills its whole input. Sources of
+    the same seed give the same prompts in the same order."""
+
+    def __init__(self, input_len: int, seed: int = 0) -> None:
+        self.input_len = input_len
+        self.rng = random.Random(seed)
+
+    def __iter__(self) -> "PromptSource":
+        return self
+
+    def __next__(self) -> List[int]:
+        return [self.rng.randrange(3, 1000) for _ in range(self.input_len)]
+
+    def take(self, num: int) -> List[List[int]]:
+        return [next(self) for _ in range(num)]
+
+
 async def closed_loop(
     url: str,
-    prompts: List[List[int]],
+    prompts: Iterable[List[int]],
     output_len: int,
     concurrency: int,
     deadline: Optional[float] = None,
 ) -> List[RequestResult]:
-    """concurrency workers issue the prompts back to back (until the deadline, if any)."""
-    queue = list(prompts)
+    """concurrency workers issue the prompts back to back, until they run out or the
+    deadline (if any) passes."""
+    queue = iter(prompts)
     results: List[RequestResult] = []
     timeout = aiohttp.ClientTimeout(total=3600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
         async def worker():
-            while queue and (deadline is None or time.perf_counter() < deadline):
-                results.append(await one_request(session, url, queue.pop(), output_len))
+            while deadline is None or time.perf_counter() < deadline:
+                prompt = next(queue, None)
+                if prompt is None:
+                    return
+                results.append(await one_request(session, url, prompt, output_len))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return results
@@ -316,7 +339,7 @@ def serving(
     config: Config,
     target: str,
     draft: str,
-    prompts: List[List[int]],
+    prompts: PromptSource,
     log_path: Optional[str] = None,
 ) -> Iterator[Dict[str, Any]]:
     """A fresh, warmed-up server of a config (the previous one gone, the GPU idle);
@@ -329,7 +352,7 @@ def serving(
     ):
         # Warm up (kernel JIT, first replays) with short outputs: profile_decode.py
         # runs long ones.
-        asyncio.run(closed_loop(args.url, prompts[:8], WARMUP_OUTPUT_LEN, 8))
+        asyncio.run(closed_loop(args.url, prompts.take(8), WARMUP_OUTPUT_LEN, 8))
         yield {"server_args": server_args, "env": env}
 
 
@@ -338,12 +361,12 @@ def run_config(
     config: Config,
     target: str,
     draft: str,
-    prompts: List[List[int]],
     log_dir: str,
     save: Callable[[dict], None],
 ) -> None:
     """Measure a config in a fresh server; save() gets its record after every point
     and after the ramp, so a run cut off keeps the points it finished."""
+    prompts = PromptSource(args.input_len)
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, f"{config.name}.log")
 
@@ -353,7 +376,7 @@ def run_config(
         save(record)
 
     with serving(args, config, target, draft, prompts, log_path) as launch:
-        record = {"config": config.name, **launch, "points": []}
+        record = {"config": config.name, **launch, "unique_prompts": True, "points": []}
         state = server_state(args.url)
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
         for concurrency in tqdm(args.concurrency, desc=config.name):
@@ -401,21 +424,27 @@ def decode_throughput(log_lines: Iterable[str], speculative: bool) -> List[dict]
 
 
 def closed_loops_for(
-    min_seconds: float, *closed_loop_args
+    min_seconds: float,
+    url: str,
+    prompts: PromptSource,
+    num_requests: int,
+    output_len: int,
+    concurrency: int,
 ) -> Tuple[List[RequestResult], float]:
-    """Whole closed loops over the prompts, repeated until min_seconds have passed:
-    (all results, wall seconds)."""
+    """Whole closed loops of num_requests new prompts each, repeated until min_seconds
+    have passed: (all results, wall seconds)."""
     results: List[RequestResult] = []
     start = time.perf_counter()
     while True:
-        results += asyncio.run(closed_loop(*closed_loop_args))
+        loop_prompts = prompts.take(num_requests)
+        results += asyncio.run(closed_loop(url, loop_prompts, output_len, concurrency))
         wall = time.perf_counter() - start
         if wall >= min_seconds:
             return results, wall
 
 
 def measure_point(
-    args, config: Config, prompts: List[List[int]], concurrency: int
+    args, config: Config, prompts: PromptSource, concurrency: int
 ) -> dict:
     num = max(args.min_requests, args.requests_per_concurrency * concurrency)
     before = server_state(args.url)
@@ -423,7 +452,8 @@ def measure_point(
         closed_loops_for(
             args.min_point_seconds,
             args.url,
-            prompts[:num],
+            prompts,
+            num,
             args.output_len,
             concurrency,
         )
@@ -438,7 +468,7 @@ def measure_point(
     return point
 
 
-def run_ramp(args, config: Config, prompts: List[List[int]]) -> dict:
+def run_ramp(args, config: Config, prompts: PromptSource) -> dict:
     """Concurrency rising then falling in phases of fixed duration: total and per-phase tok/s."""
     phases = args.ramp + args.ramp[-2::-1]
     before = server_state(args.url)
@@ -447,7 +477,7 @@ def run_ramp(args, config: Config, prompts: List[List[int]]) -> dict:
         start = time.perf_counter()
         deadline = start + args.ramp_phase_seconds
         results = asyncio.run(
-            closed_loop(args.url, prompts * 8, args.output_len, concurrency, deadline)
+            closed_loop(args.url, prompts, args.output_len, concurrency, deadline)
         )
         wall = time.perf_counter() - start
         tokens = sum(r.output_tokens for r in results)
@@ -488,6 +518,20 @@ def markdown_table(records: List[dict]) -> str:
         "\n".join(lines)
         + "\n\nCells: output tok/s, median of the repeats [min-max] (share of decode"
         + " steps that speculated); -: not measured (a run cut off).\n"
+        + repeated_prompts_note(records)
+    )
+
+
+def repeated_prompts_note(records: List[dict]) -> str:
+    """Names the records measured before every request got a new prompt: theirs
+    repeated, and the radix cache spared many of their requests the prefill."""
+    repeated = [r["config"] for r in records if not r.get("unique_prompts")]
+    if not repeated:
+        return ""
+    return (
+        "Measured over repeated prompts (many requests found theirs in the radix cache"
+        f" and skipped the prefill): {', '.join(repeated)}. Their output tok/s does not"
+        " compare with that of rows where every request had a new prompt.\n"
     )
 
 
@@ -874,18 +918,6 @@ def selected_configs(args) -> List[Config]:
     return [configs[name] for name in names]
 
 
-def model_and_prompts(args, num_prompts: int) -> Tuple[str, str, List[List[int]]]:
-    """(target path, draft path, prompts): the synthetic pair, generated if missing,
-    and num_prompts fixed random prompts of --input-len tokens."""
-    target, draft = synthetic_pair(args.preset, args.draft_accept)
-    rng = random.Random(0)
-    prompts = [
-        [rng.randrange(3, 1000) for _ in range(args.input_len)]
-        for _ in range(num_prompts)
-    ]
-    return target, draft, prompts
-
-
 def model_name(args) -> str:
     tp = f"-tp{args.tp_size}" if args.tp_size > 1 else ""
     return f"{args.preset}-p{args.draft_accept}{tp}"
@@ -928,17 +960,12 @@ def main() -> None:
             write_results(args.render, json.load(f)["records"])
         return
     configs = selected_configs(args)
-    num_prompts = max(
-        args.min_requests, args.requests_per_concurrency * max(args.concurrency)
-    )
-    target, draft, prompts = model_and_prompts(args, num_prompts)
+    target, draft = synthetic_pair(args.preset, args.draft_accept)
     header = describe_run(model_name(args))
     out_dir = results_dir(args)
     save = record_saver(out_dir, header)
     for config in configs:
-        run_config(
-            args, config, target, draft, prompts, os.path.join(out_dir, "logs"), save
-        )
+        run_config(args, config, target, draft, os.path.join(out_dir, "logs"), save)
         print(f"{config.name}: results in {out_dir}", flush=True)
 
 

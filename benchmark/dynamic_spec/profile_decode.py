@@ -4,7 +4,7 @@ decode steps at a steady batch of C requests, summarized by trace_summary.py.
 Each config gets a fresh server (as in bench_sweep.py). Per concurrency C, exactly C
 requests are submitted at once, with outputs long enough that none finishes (and no
 prefill runs) while the profile records; they are cancelled once the trace is written.
-With --closed-loop, C clients instead issue distinct prompts back to back (as in
+With --closed-loop, C clients instead issue new prompts back to back (as in
 bench_sweep.py's points; pass a short --output-len), so requests finish and new ones
 are prefilled while the profile records.
 Writes the traces into OUT_DIR/<date>-<model>/profiles/<config>-c<C>[-closed-loop]/ and
@@ -29,9 +29,6 @@ import aiohttp
 import bench_sweep as bench
 from trace_summary import format_summary, load_events, summarize_trace
 
-# --closed-loop: distinct prompts per client, enough to outlast the profile.
-CLOSED_LOOP_PROMPTS = 16
-
 
 def workload_suffix(args) -> str:
     """Names the traces and summaries of --closed-loop runs apart."""
@@ -39,7 +36,11 @@ def workload_suffix(args) -> str:
 
 
 async def profile_at(
-    args, config: bench.Config, prompts, concurrency: int, out_dir: str
+    args,
+    config: bench.Config,
+    prompts: bench.PromptSource,
+    concurrency: int,
+    out_dir: str,
 ) -> str:
     """Profile --steps decode steps of `concurrency` running requests; returns the trace."""
     profile_dir = os.path.join(
@@ -47,7 +48,8 @@ async def profile_at(
         "profiles",
         f"{config.name}-c{concurrency}{workload_suffix(args)}",
     )
-    load_prompts = prompts if args.closed_loop else prompts[:concurrency]
+    # The closed loop draws from the endless source until the profile is written.
+    load_prompts = prompts if args.closed_loop else prompts.take(concurrency)
     load = asyncio.create_task(
         bench.closed_loop(args.url, load_prompts, args.output_len, concurrency)
     )
@@ -85,8 +87,9 @@ async def wait_for_trace(profile_dir: str, load: asyncio.Task, timeout=120) -> s
 
 
 def profile_config(
-    args, config: bench.Config, target, draft, prompts, out_dir: str
+    args, config: bench.Config, target, draft, out_dir: str
 ) -> List[dict]:
+    prompts = bench.PromptSource(args.input_len)
     with bench.serving(args, config, target, draft, prompts) as launch:
         profiles = []
         for concurrency in args.concurrency:
@@ -129,7 +132,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--closed-loop",
         action="store_true",
-        help=f"keep C requests in flight from {CLOSED_LOOP_PROMPTS} x C distinct prompts",
+        help="keep C requests in flight, each new one with a new prompt",
     )
     return parser.parse_args()
 
@@ -137,14 +140,11 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     configs = bench.selected_configs(args)
-    num_prompts = max(args.concurrency) * (
-        CLOSED_LOOP_PROMPTS if args.closed_loop else 1
-    )
-    target, draft, prompts = bench.model_and_prompts(args, num_prompts)
+    target, draft = bench.synthetic_pair(args.preset, args.draft_accept)
     out_dir = bench.results_dir(args)
     profiles = []
     for config in configs:
-        profiles += profile_config(args, config, target, draft, prompts, out_dir)
+        profiles += profile_config(args, config, target, draft, out_dir)
         write_profiles(out_dir, f"profiles{workload_suffix(args)}", profiles)
         print(f"{config.name}: profiles in {out_dir}", flush=True)
     for p in profiles:

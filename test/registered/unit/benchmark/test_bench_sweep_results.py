@@ -77,15 +77,41 @@ class TestBenchSweepResults(CustomTestCase):
             return [self.result(0.1, 0.2, output_len) for _ in prompts]
 
         fake_time = mock.Mock(perf_counter=lambda: clock[0])
+        prompts = self.bench.PromptSource(input_len=4)
         with mock.patch.multiple(self.bench, closed_loop=closed_loop, time=fake_time):
-            results, wall = self.bench.closed_loops_for(0.05, "u", [[1], [2]], 8, 2)
+            results, wall = self.bench.closed_loops_for(0.05, "u", prompts, 2, 8, 2)
             self.assertEqual(len(calls), 3)
             self.assertAlmostEqual(wall, 0.06)
             self.assertEqual(set(calls), {("u", 2, 8, 2)})
             self.assertEqual(len(results), 2 * len(calls))
             calls.clear()
-            self.bench.closed_loops_for(0, "u", [[1]], 8, 1)
+            self.bench.closed_loops_for(0, "u", prompts, 1, 8, 1)
             self.assertEqual(len(calls), 1)  # always one whole loop
+
+    def test_every_request_of_a_run_gets_a_new_prompt(self):
+        loops = []
+
+        async def closed_loop(url, prompts, output_len, concurrency):
+            loops.append(prompts)
+            return [self.result(0.1, 0.2, output_len) for _ in prompts]
+
+        prompts = self.bench.PromptSource(input_len=16)
+        with mock.patch.object(self.bench, "closed_loop", closed_loop):
+            self.bench.closed_loops_for(0, "u", prompts, 4, 8, 2)
+            self.bench.closed_loops_for(0, "u", prompts, 4, 8, 2)
+        issued = [tuple(p) for loop in loops for p in loop]
+        self.assertEqual(len(issued), 8)
+        self.assertEqual(len(set(issued)), 8)
+        self.assertEqual({len(p) for p in issued}, {16})
+        same_seed = self.bench.PromptSource(input_len=16).take(8)
+        self.assertEqual([tuple(p) for p in same_seed], issued)
+
+    def test_records_of_repeated_prompts_are_named(self):
+        old, new = self.record("nospec", 100.0), self.record("eagle3-topk1", 90.0)
+        new["unique_prompts"] = True
+        table = self.bench.markdown_table([old, new])
+        self.assertIn("the prefill): nospec. Their", table)
+        self.assertNotIn("repeated prompts", self.bench.markdown_table([new]))
 
     def test_server_args_as_flags(self):
         flags = self.bench.cli_args(
@@ -345,7 +371,7 @@ class TestBenchSweepResults(CustomTestCase):
             yield {"server_args": [], "env": {}}
 
         state = {"memory_usage": {"token_capacity": 1000}}
-        args = argparse.Namespace(url="u", concurrency=[1, 8, 64])
+        args = argparse.Namespace(url="u", concurrency=[1, 8, 64], input_len=4)
         config = self.bench.KNOWN_CONFIGS["nospec"]
         with tempfile.TemporaryDirectory() as out_dir, mock.patch.multiple(
             self.bench,
@@ -358,7 +384,7 @@ class TestBenchSweepResults(CustomTestCase):
             save = self.bench.record_saver(out_dir, self.header("abc"))
             with self.assertRaises(KeyboardInterrupt):
                 self.bench.run_config(
-                    args, config, "t", "d", [], os.path.join(out_dir, "logs"), save
+                    args, config, "t", "d", os.path.join(out_dir, "logs"), save
                 )
             saved = json.loads(Path(out_dir, "raw.json").read_text())["records"]
             self.assertEqual([r["config"] for r in saved], ["nospec", "eagle3-topk4"])
