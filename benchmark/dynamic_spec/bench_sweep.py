@@ -2,7 +2,8 @@
 the fork's load-aware speculation, and upstream's adaptive speculation.
 
 One fresh server process per config (the previous one killed and the GPU checked idle);
-concurrency is swept inside it. Writes raw JSON, a markdown table, a PNG plot and
+concurrency is swept inside it, then the ramp changes it in phases without draining in
+between. Every request has a new prompt (none is in the radix cache). Writes raw JSON, a markdown table, a PNG plot and
 summary.json into OUT_DIR/<date>-<model>/.
 
 Runs may be split: each config's record is merged into the results already in
@@ -468,24 +469,74 @@ def measure_point(
     return point
 
 
+async def ramp_loop(
+    url: str,
+    prompts: Iterable[List[int]],
+    output_len: int,
+    phases: Iterable[int],
+    phase_seconds: float,
+) -> Tuple[List[RequestResult], List[float]]:
+    """A closed loop whose concurrency steps through phases without draining between
+    them: at a phase's start, clients are added up to its concurrency, or those above
+    it stop after the request they have in flight. prompts: an endless source.
+    Returns (results, the phases' start times followed by the time the last request
+    finished)."""
+    prompts = iter(prompts)
+    results: List[RequestResult] = []
+    concurrency = 0
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def client(slot: int) -> None:
+            while slot < concurrency:
+                prompt = next(prompts)
+                results.append(await one_request(session, url, prompt, output_len))
+
+        clients: Dict[int, asyncio.Task] = {}
+        starts: List[float] = []
+        for phase_concurrency in phases:
+            starts.append(time.perf_counter())
+            concurrency = phase_concurrency
+            for slot in range(concurrency):
+                if slot not in clients or clients[slot].done():
+                    clients[slot] = asyncio.create_task(client(slot))
+            await asyncio.sleep(starts[0] + len(starts) * phase_seconds - starts[-1])
+        concurrency = 0
+        await asyncio.gather(*clients.values())
+    return results, starts + [time.perf_counter()]
+
+
 def run_ramp(args, config: Config, prompts: PromptSource) -> dict:
-    """Concurrency rising then falling in phases of fixed duration: total and per-phase tok/s."""
+    """Concurrency rising then falling in phases of fixed duration, with no drain
+    between phases: total and per-phase tok/s (each request counted in the phase it
+    finished in; the last phase includes the final drain)."""
     phases = args.ramp + args.ramp[-2::-1]
     before = server_state(args.url)
-    per_phase, total_tokens, total_wall = [], 0, 0.0
-    for concurrency in tqdm(phases, desc=f"{config.name} ramp"):
-        start = time.perf_counter()
-        deadline = start + args.ramp_phase_seconds
-        results = asyncio.run(
-            closed_loop(args.url, prompts, args.output_len, concurrency, deadline)
+    results, bounds = asyncio.run(
+        ramp_loop(
+            args.url,
+            prompts,
+            args.output_len,
+            tqdm(phases, desc=f"{config.name} ramp"),
+            args.ramp_phase_seconds,
         )
-        wall = time.perf_counter() - start
-        tokens = sum(r.output_tokens for r in results)
-        per_phase.append({"concurrency": concurrency, "output_tok_s": tokens / wall})
-        total_tokens, total_wall = total_tokens + tokens, total_wall + wall
+    )
+    per_phase = []
+    for i, concurrency in enumerate(phases):
+        start, end = bounds[i], bounds[i + 1]
+        last = i == len(phases) - 1
+        tokens = sum(
+            r.output_tokens
+            for r in results
+            if start <= r.finished_at and (last or r.finished_at < end)
+        )
+        per_phase.append(
+            {"concurrency": concurrency, "output_tok_s": tokens / (end - start)}
+        )
     return {
         "config": config.name,
-        "output_tok_s": total_tokens / total_wall,
+        "output_tok_s": sum(r.output_tokens for r in results)
+        / (bounds[-1] - bounds[0]),
         "phases": per_phase,
         "spec_step_share": spec_step_share(config, before, server_state(args.url)),
     }

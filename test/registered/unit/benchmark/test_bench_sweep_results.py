@@ -2,12 +2,14 @@
 (summary.json for machines, markdown and PNG for people). No server, no GPU."""
 
 import argparse
+import asyncio
 import contextlib
 import importlib.util
 import json
 import os
 import sys
 import tempfile
+import time
 import unittest
 from pathlib import Path
 from unittest import mock
@@ -105,6 +107,37 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual({len(p) for p in issued}, {16})
         same_seed = self.bench.PromptSource(input_len=16).take(8)
         self.assertEqual([tuple(p) for p in same_seed], issued)
+
+    def test_the_ramp_changes_concurrency_without_draining_between_phases(self):
+        in_flight, events = [0], []  # (time, "start" | "end", requests in flight)
+
+        async def one_request(session, url, prompt, output_len):
+            in_flight[0] += 1
+            events.append((time.perf_counter(), "start", in_flight[0]))
+            await asyncio.sleep(request_seconds)
+            in_flight[0] -= 1
+            events.append((time.perf_counter(), "end", in_flight[0]))
+            return self.result(0.01, 0.02, output_len)
+
+        phases, phase_seconds, request_seconds = [2, 4, 2], 0.3, 0.03
+        prompts = self.bench.PromptSource(input_len=4)
+        with mock.patch.object(self.bench, "one_request", one_request):
+            results, bounds = asyncio.run(
+                self.bench.ramp_loop("u", prompts, 8, phases, phase_seconds)
+            )
+        self.assertEqual(len(bounds), len(phases) + 1)
+        stop = bounds[0] + len(phases) * phase_seconds
+        # The requests in flight at the stop drain once, at the end.
+        self.assertLess(bounds[-1] - stop, request_seconds + 0.1)
+        self.assertEqual(max(n for _, kind, n in events if kind == "start"), 4)
+        starts = [(t, n) for t, kind, n in events if kind == "start"]
+        self.assertTrue(any(n == 4 for t, n in starts if t < bounds[2]))
+        late = [n for t, n in starts if t > bounds[2] + request_seconds + 0.05]
+        self.assertTrue(late and max(late) <= 2)
+        # Until the loop stops, a request that ends leaves the others running.
+        ends = [n for t, kind, n in events if kind == "end" and t < stop]
+        self.assertGreaterEqual(min(ends), 1)
+        self.assertEqual(len(results), sum(kind == "end" for _, kind, _ in events))
 
     def test_records_of_repeated_prompts_are_named(self):
         old, new = self.record("nospec", 100.0), self.record("eagle3-topk1", 90.0)
