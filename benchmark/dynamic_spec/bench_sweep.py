@@ -575,14 +575,16 @@ def markdown_table(records: List[dict]) -> str:
 
 def repeated_prompts_note(records: List[dict]) -> str:
     """Names the records measured before every request got a new prompt: theirs
-    repeated, and the radix cache spared many of their requests the prefill."""
+    repeated, and the radix cache spared many of their requests the prefill (and
+    their ramp drained every phase)."""
     repeated = [r["config"] for r in records if not r.get("unique_prompts")]
     if not repeated:
         return ""
     return (
         "Measured over repeated prompts (many requests found theirs in the radix cache"
-        f" and skipped the prefill): {', '.join(repeated)}. Their output tok/s does not"
-        " compare with that of rows where every request had a new prompt.\n"
+        " and skipped the prefill), with a ramp that drained every phase:"
+        f" {', '.join(repeated)}. Their output tok/s does not compare with that of rows"
+        " where every request had a new prompt.\n"
     )
 
 

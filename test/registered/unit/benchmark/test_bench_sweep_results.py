@@ -143,7 +143,7 @@ class TestBenchSweepResults(CustomTestCase):
         old, new = self.record("nospec", 100.0), self.record("eagle3-topk1", 90.0)
         new["unique_prompts"] = True
         table = self.bench.markdown_table([old, new])
-        self.assertIn("the prefill): nospec. Their", table)
+        self.assertIn("drained every phase: nospec. Their", table)
         self.assertNotIn("repeated prompts", self.bench.markdown_table([new]))
 
     def test_server_args_as_flags(self):
