@@ -3,8 +3,8 @@ the fork's load-aware speculation, and upstream's adaptive speculation.
 
 One fresh server process per config (the previous one killed and the GPU checked idle);
 concurrency is swept inside it, then the ramp changes it in phases without draining in
-between. Every request has a new prompt (none is in the radix cache). Writes raw JSON, a markdown table, a PNG plot and
-summary.json into OUT_DIR/<date>-<model>/.
+between. Every request has a new prompt (none is in the radix cache). Writes raw JSON, a
+markdown table, a PNG plot and summary.json into OUT_DIR/<date>-<model>/.
 
 Runs may be split: each config's record is merged into the results already in
 OUT_DIR/<date>-<model>/ after every point (a config measured again replaces its old record,
@@ -210,20 +210,15 @@ async def closed_loop(
     prompts: Iterable[List[int]],
     output_len: int,
     concurrency: int,
-    deadline: Optional[float] = None,
 ) -> List[RequestResult]:
-    """concurrency workers issue the prompts back to back, until they run out or the
-    deadline (if any) passes."""
+    """concurrency workers issue the prompts back to back until they run out."""
     queue = iter(prompts)
     results: List[RequestResult] = []
     timeout = aiohttp.ClientTimeout(total=3600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
         async def worker():
-            while deadline is None or time.perf_counter() < deadline:
-                prompt = next(queue, None)
-                if prompt is None:
-                    return
+            for prompt in queue:
                 results.append(await one_request(session, url, prompt, output_len))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))

@@ -108,6 +108,24 @@ class TestBenchSweepResults(CustomTestCase):
         same_seed = self.bench.PromptSource(input_len=16).take(8)
         self.assertEqual([tuple(p) for p in same_seed], issued)
 
+    def test_a_closed_loop_issues_each_prompt_once_at_its_concurrency(self):
+        in_flight, issued = [0], []
+
+        async def one_request(session, url, prompt, output_len):
+            in_flight[0] += 1
+            issued.append((prompt[0], in_flight[0]))
+            await asyncio.sleep(0.01)
+            in_flight[0] -= 1
+            return self.result(0.01, 0.02, output_len)
+
+        with mock.patch.object(self.bench, "one_request", one_request):
+            results = asyncio.run(
+                self.bench.closed_loop("u", [[i] for i in range(5)], 8, 2)
+            )
+        self.assertEqual(len(results), 5)
+        self.assertEqual(sorted(p for p, _ in issued), list(range(5)))
+        self.assertEqual(max(n for _, n in issued), 2)
+
     def test_the_ramp_changes_concurrency_without_draining_between_phases(self):
         in_flight, events = [0], []  # (time, "start" | "end", requests in flight)
 
