@@ -87,10 +87,16 @@ def build_configs(
     """per_config: disable thresholds of named load-aware configs (the others get
     disable_threshold)."""
 
-    def load_aware(name: str) -> List[str]:
+    def load_aware(
+        name: str, spec: Dict[str, int], env: Dict[str, str], always_on: str
+    ) -> Config:
         threshold = (per_config or {}).get(name, disable_threshold)
-        return ["--speculative-disable-batch-threshold", str(threshold)]
+        flags = ["--speculative-disable-batch-threshold", str(threshold)]
+        return Config(name, spec, flags, env, always_on=always_on)
 
+    # The full draft forward on every plain step (drafts that cannot write their KV
+    # alone): what the KV-only write saves, on either worker.
+    full_catch_up = {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
     return {
         c.name: c
         for c in [
@@ -101,35 +107,20 @@ def build_configs(
             Config("eagle3-topk1", EAGLE3_CHAIN, [], {}),
             Config("eagle3-topk4", EAGLE3_TREE, [], {}),
             # topk 1 runs on the spec-v2 overlap worker, like eagle3-topk1.
-            Config(
-                "loadaware-topk1",
-                EAGLE3_CHAIN,
-                load_aware("loadaware-topk1"),
-                {},
-                always_on="eagle3-topk1",
-            ),
-            # The full draft forward on every plain step (drafts that cannot
-            # write their KV alone): what the KV-only write saves.
-            Config(
+            load_aware("loadaware-topk1", EAGLE3_CHAIN, {}, "eagle3-topk1"),
+            load_aware(
                 "loadaware-topk1-full-catch-up",
                 EAGLE3_CHAIN,
-                load_aware("loadaware-topk1-full-catch-up"),
-                {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"},
-                always_on="eagle3-topk1",
+                full_catch_up,
+                "eagle3-topk1",
             ),
-            Config(
-                "loadaware-topk1-v1",
-                EAGLE3_CHAIN,
-                load_aware("loadaware-topk1-v1"),
-                V1,
-                always_on="eagle3-topk1",
-            ),
-            Config(
-                "loadaware-topk4",
+            load_aware("loadaware-topk1-v1", EAGLE3_CHAIN, V1, "eagle3-topk1"),
+            load_aware("loadaware-topk4", EAGLE3_TREE, {}, "eagle3-topk4"),
+            load_aware(
+                "loadaware-topk4-full-catch-up",
                 EAGLE3_TREE,
-                load_aware("loadaware-topk4"),
-                {},
-                always_on="eagle3-topk4",
+                full_catch_up,
+                "eagle3-topk4",
             ),
             Config(
                 "upstream-adaptive-topk1", EAGLE3_CHAIN, ["--speculative-adaptive"], {}

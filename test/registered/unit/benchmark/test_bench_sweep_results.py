@@ -191,6 +191,15 @@ class TestBenchSweepResults(CustomTestCase):
             "--speculative-disable-batch-threshold 16",
             flags,
         )
+        for name in ("loadaware-topk1", "loadaware-topk4"):
+            kv_only, full = configs[name], configs[f"{name}-full-catch-up"]
+            self.assertEqual(
+                full.env, {**kv_only.env, "SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
+            )
+            same = ("spec", "extra_args", "always_on")
+            self.assertEqual(
+                [getattr(full, f) for f in same], [getattr(kv_only, f) for f in same]
+            )
         per_config = self.bench.build_configs(16, {"loadaware-topk1": 48})
         self.assertIn(
             "--speculative-disable-batch-threshold 48",
