@@ -177,6 +177,12 @@ class DraftCatchUp:
         )
         self.graph_runner = None
         if self.kv_only:
+            # The top-k a KV-only step leaves pending: allocated once, sliced per
+            # step, never modified in place.
+            self.pending_topk_p = torch.full((max_bs, topk), -1.0, device=device)
+            self.pending_topk_index = torch.zeros(
+                (max_bs, topk), dtype=torch.int64, device=device
+            )
             log_info_on_rank0(
                 logger,
                 "Load-aware speculation: plain steps write the draft KV only; the "
@@ -251,12 +257,7 @@ class DraftCatchUp:
                 self.draft_runner.token_to_kv_pool,
             )
         self.resume_pending = True
-        device = hidden_states.device
-        pending_topk_p = torch.full((bs, self.topk), -1.0, device=device)
-        pending_topk_index = torch.zeros(
-            (bs, self.topk), dtype=torch.int64, device=device
-        )
-        return pending_topk_p, pending_topk_index, hidden_states
+        return self.pending_topk_p[:bs], self.pending_topk_index[:bs], hidden_states
 
     def resume(self, batch: ModelWorkerBatch, draft_input: EagleDraftInput) -> bool:
         """Complete the draft input of a speculative step after KV-only plain steps.
