@@ -143,6 +143,17 @@ class RequestResult:
     finished_at: float
 
 
+def client_session() -> aiohttp.ClientSession:
+    """A session that opens as many connections as there are clients (aiohttp's default
+    of 100 would cap every point above C=100) and lets idle ones go before the server
+    does (its keep-alive is SGLANG_TIMEOUT_KEEP_ALIVE, 5 s): a connection the server
+    closes just as a request reuses it fails that request."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=3600)
+    )
+
+
 async def one_request(
     session: aiohttp.ClientSession, url: str, input_ids: List[int], output_len: int
 ) -> RequestResult:
@@ -205,8 +216,7 @@ async def closed_loop(
     """concurrency workers issue the prompts back to back until they run out."""
     queue = iter(prompts)
     results: List[RequestResult] = []
-    timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with client_session() as session:
 
         async def worker():
             for prompt in queue:
@@ -470,8 +480,7 @@ async def ramp_loop(
     prompts = iter(prompts)
     results: List[RequestResult] = []
     concurrency = 0
-    timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with client_session() as session:
 
         async def client(slot: int) -> None:
             while slot < concurrency:

@@ -302,7 +302,8 @@ class TestLoadAwareRampTreeTP(TestLoadAwareRampTree):
         with open(self.server_log) as log:
             for line in log:
                 match = re.search(
-                    r" (TP\d+)[^\]]*\] (Load-aware speculation: .*)", line
+                    r" (TP\d+)[^\]]*\] Load-aware speculation: (\w+ from decode .*)",
+                    line,
                 )
                 if match:
                     switches.setdefault(match.group(1), []).append(match.group(2))

@@ -14,6 +14,8 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
+from aiohttp import web
+
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -125,6 +127,40 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(len(results), 5)
         self.assertEqual(sorted(p for p, _ in issued), list(range(5)))
         self.assertEqual(max(n for _, n in issued), 2)
+
+    def test_a_closed_loop_keeps_more_than_a_hundred_requests_in_flight(self):
+        concurrency, in_flight, peak = 150, [0], [0]
+
+        async def generate(request):
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+            response = web.StreamResponse()
+            await response.prepare(request)
+            await asyncio.sleep(0.2)
+            meta = {"meta_info": {"completion_tokens": 8}}
+            await response.write(f"data: {json.dumps(meta)}\n\n".encode())
+            in_flight[0] -= 1
+            return response
+
+        async def serve_and_load():
+            app = web.Application()
+            app.router.add_post("/generate", generate)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]
+            try:
+                prompts = [[i] for i in range(concurrency)]
+                return await self.bench.closed_loop(
+                    f"http://127.0.0.1:{port}", prompts, 8, concurrency
+                )
+            finally:
+                await runner.cleanup()
+
+        results = asyncio.run(serve_and_load())
+        self.assertEqual(len(results), concurrency)
+        self.assertEqual(peak[0], concurrency)
 
     def test_the_ramp_changes_concurrency_without_draining_between_phases(self):
         in_flight, events = [0], []  # (time, "start" | "end", requests in flight)
