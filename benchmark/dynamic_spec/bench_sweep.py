@@ -570,14 +570,16 @@ def markdown_table(records: List[dict]) -> str:
 
 def repeated_prompts_note(records: List[dict]) -> str:
     """Names the records measured before every request got a new prompt: theirs
-    repeated, and the radix cache spared many of their requests the prefill (and
-    their ramp drained every phase)."""
+    repeated, and the radix cache spared many of their requests the prefill (their
+    ramp also drained every phase, and their client kept at most 100 requests in
+    flight)."""
     repeated = [r["config"] for r in records if not r.get("unique_prompts")]
     if not repeated:
         return ""
     return (
         "Measured over repeated prompts (many requests found theirs in the radix cache"
-        " and skipped the prefill), with a ramp that drained every phase:"
+        " and skipped the prefill), with a ramp that drained every phase and at most"
+        " 100 requests in flight at C=128 and 256:"
         f" {', '.join(repeated)}. Their output tok/s does not compare with that of rows"
         " where every request had a new prompt.\n"
     )

@@ -197,7 +197,7 @@ class TestBenchSweepResults(CustomTestCase):
         old, new = self.record("nospec", 100.0), self.record("eagle3-topk1", 90.0)
         new["unique_prompts"] = True
         table = self.bench.markdown_table([old, new])
-        self.assertIn("drained every phase: nospec. Their", table)
+        self.assertIn("in flight at C=128 and 256: nospec. Their", table)
         self.assertNotIn("repeated prompts", self.bench.markdown_table([new]))
 
     def test_server_args_as_flags(self):
