@@ -209,7 +209,8 @@ def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
     Must be called after the speculative algorithm has been resolved and the
     v1/v2 worker chosen (``disable_overlap_schedule`` set for v1). Both the v1
     EAGLEWorker (load_aware.py) and the spec-v2 overlap EAGLEWorkerV2
-    (load_aware_v2.py, topk 1) are supported.
+    (load_aware_v2.py; draft trees at page size 1, spec_v2_trees.py) are
+    supported.
     """
     algo = server_args.speculative_algorithm
     if algo is None:
@@ -220,12 +221,6 @@ def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
             "(supported: EAGLE, EAGLE3; not NGRAM, STANDALONE, DFLASH, "
             "FROZEN_KV_MTP)"
         )
-    if (
-        not server_args.disable_overlap_schedule
-        and (server_args.speculative_eagle_topk or 1) != 1
-    ):
-        # ServerArgs already falls back to v1 for topk > 1; kept as a guard.
-        return "the spec-v2 overlap worker supports --speculative-eagle-topk 1 only"
     if getattr(server_args, "speculative_adaptive", False):
         return (
             "--speculative-adaptive cannot be combined with it yet: adaptive "
