@@ -1,7 +1,7 @@
 """Plain decode steps of a load-aware speculative EAGLE worker, spec v2 (overlap).
 
-The same capability as load_aware.py (v1), for EAGLEWorkerV2 (topk 1) under the
-overlap scheduler: the SpecPolicy (spec_policy.py) decides once per decode step,
+The same capability as load_aware.py (v1), for EAGLEWorkerV2 under the overlap
+scheduler, chains and draft trees (topk > 1, page size 1: spec_v2_trees.py): the SpecPolicy (spec_policy.py) decides once per decode step,
 in ``ScheduleBatch.prepare_for_decode``, whether the step speculates
 (``batch.spec_step``); a plain step runs the target exactly like a decode step
 of a non-speculative overlap server and keeps the draft KV valid with a
@@ -57,7 +57,10 @@ What overlap changes, and how it is handled:
 
 State after a plain step: ``seq_len = L + 1``, target and draft KV valid for
 ``[0, L + 1)``, the pending token = the sampled one, whose KV is not written
-yet: the invariant a verify step leaves, so the next step may speculate.
+yet, and the draft's ``topk`` proposals for the token after it (``[bs, topk]``,
+as a draft extend after verify hands them): the invariant a verify step leaves
+(for trees, after moving the accepted path's KV to the front), so the next
+step may speculate.
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ class LoadAwarePlainDecodeV2:
     """The plain-step path of an EAGLEWorkerV2 with load-aware speculation."""
 
     def __init__(self, worker: EAGLEWorkerV2):
-        check_load_aware_worker(worker)  # topk > 1 never reaches the v2 worker
+        check_load_aware_worker(worker)
         self.worker = worker
         self.target_decode_graphs = TargetDecodeGraphs(worker)
         draft_worker = worker.draft_worker
@@ -189,8 +192,8 @@ class LoadAwarePlainDecodeV2:
             batch, result.logits_output.hidden_states, result.next_token_ids
         )
         result.next_draft_input = EagleDraftInput(
-            topk_p=topk_p,  # [bs, 1]
-            topk_index=topk_index,  # [bs, 1]
+            topk_p=topk_p,  # [bs, topk]
+            topk_index=topk_index,  # [bs, topk]
             hidden_states=hidden_states,  # [bs, draft hidden size]
             bonus_tokens=result.next_token_ids,  # [bs]
             new_seq_lens=new_seq_lens,  # [bs]

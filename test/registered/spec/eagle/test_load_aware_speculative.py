@@ -1,6 +1,7 @@
-"""GPU tier of load-aware speculation (v1 EAGLE worker, and the spec-v2 overlap worker
-with topk 1): plain decode steps above a batch threshold, speculative steps below it,
-under CUDA graphs.
+"""GPU tier of load-aware speculation (v1 EAGLE worker, and the spec-v2 overlap worker,
+chains and draft trees): plain decode steps above a batch threshold, speculative steps
+below it, under CUDA graphs. Also draft trees on the spec-v2 worker without load-aware
+speculation (TestSpecV2TreeCorrectness*).
 
 The synthetic checkpoints make greedy outputs a known function of the prompt (the
 plain engine reproduces it exactly: test_synthetic_spec_models_gpu.py), so every
@@ -95,7 +96,7 @@ class LoadAwareServerBase(CustomTestCase):
     draft_kv_check = False
     extra_args: List[str] = []
     extra_env: Dict[str, str] = {}
-    spec_v2 = False  # True: the overlap scheduler's EAGLEWorkerV2 (topk 1)
+    spec_v2 = False  # True: the overlap scheduler's EAGLEWorkerV2
     server_log: Optional[str] = None  # a path: the server's output goes there
 
     @classmethod
@@ -103,7 +104,11 @@ class LoadAwareServerBase(CustomTestCase):
         args = spec_server_args(
             cls.draft, cls.spec, cls.backend, cls.page_size, cls.cuda_graph
         )
-        args += ["--speculative-disable-batch-threshold", str(cls.disable_threshold)]
+        if cls.disable_threshold is not None:  # None: load-aware speculation off
+            args += [
+                "--speculative-disable-batch-threshold",
+                str(cls.disable_threshold),
+            ]
         if cls.enable_threshold is not None:
             args += ["--speculative-enable-batch-threshold", str(cls.enable_threshold)]
         return args + cls.extra_args
@@ -447,7 +452,7 @@ class TestLoadAwareTopk4FlashinferEager(MatrixMixin, LoadAwareServerBase):
 
 
 class SpecV2Mixin:
-    """The overlap scheduler's spec-v2 worker (EAGLEWorkerV2, topk 1)."""
+    """The overlap scheduler's spec-v2 worker (EAGLEWorkerV2), topk 1."""
 
     spec_v2 = True
     spec = EAGLE3_CHAIN
@@ -489,6 +494,114 @@ class TestLoadAwareV2Topk1FlashinferPage16Graphs(
 ):
     backend = "flashinfer"
     page_size = 16
+
+
+class SpecV2TreeMixin(SpecV2Mixin):
+    """Draft trees (topk 4, 2 steps, 16 draft tokens) on the spec-v2 worker, page size 1
+    (backported from upstream 0.5.13: speculative/spec_v2_trees.py)."""
+
+    spec = EAGLE3_TREE
+
+
+class TestLoadAwareV2TreeAtTheCrashingThreshold(
+    SpecV2TreeMixin, TestLoadAwareTreeAtTheCrashingThreshold
+):
+    pass
+
+
+class TestLoadAwareV2TreeRamp(SpecV2TreeMixin, TestLoadAwareRampTree):
+    pass
+
+
+class TestLoadAwareV2TreeRampFlashinfer(SpecV2TreeMixin, TestLoadAwareRampTree):
+    backend = "flashinfer"
+
+
+class TestLoadAwareV2TreeFrequentResumeKVCheck(
+    SpecV2TreeMixin, TestLoadAwareFrequentResumeKVCheck
+):
+    pass
+
+
+class TestLoadAwareV2TreeFrequentResumeKVCheckFullCatchUp(
+    SpecV2TreeMixin, TestLoadAwareFrequentResumeKVCheckFullCatchUp
+):
+    pass
+
+
+class TestLoadAwareV2TreeTritonGraphs(
+    SpecV2TreeMixin, MatrixMixin, LoadAwareServerBase
+):
+    pass
+
+
+class TestLoadAwareV2TreeTritonEager(SpecV2TreeMixin, MatrixMixin, LoadAwareServerBase):
+    cuda_graph = False
+
+
+class TestLoadAwareV2TreeFlashinferGraphs(
+    SpecV2TreeMixin, MatrixMixin, LoadAwareServerBase
+):
+    backend = "flashinfer"
+
+
+class TestLoadAwareV2TreeFlashinferEager(
+    SpecV2TreeMixin, MatrixMixin, LoadAwareServerBase
+):
+    backend = "flashinfer"
+    cuda_graph = False
+
+
+class SpecV2TreeCorrectnessMixin:
+    """Draft trees on the spec-v2 worker without load-aware speculation: every step
+    speculates; outputs token-identical to the greedy continuation, acceptance as
+    predicted for the tree (a wrong KV move or compaction after verify shows as wrong
+    tokens or a lower accept length)."""
+
+    disable_threshold = None
+
+    def test_concurrent_mixed_lengths_match(self):
+        _, outputs, _ = self.run_mixed_batch(24, seed=5)
+        self.assertTrue(all(plain_step_tokens(o["meta_info"]) == 0 for o in outputs))
+        self.assert_server_alive_and_idle_clean()
+
+    def test_logprobs_of_accepted_tokens(self):
+        _, outputs, _ = self.run_mixed_batch(8, seed=6, return_logprob=True)
+        for out in outputs:
+            token_logprobs = out["meta_info"]["output_token_logprobs"]
+            self.assertEqual([t[1] for t in token_logprobs], out["output_ids"])
+            self.assertTrue(all(-1.0 < t[0] <= 0.0 for t in token_logprobs))
+
+    def test_lone_request_at_predicted_acceptance(self):
+        prompt = self.prompts(1, seed=7)[0]
+        out = post_concurrently(self.base_url, [(prompt, greedy_params(256))])[0]
+        self.assert_outputs_intended([prompt], [out], [256])
+        predicted = expected_accept_length(
+            self.draft_accept, self.spec["num_steps"], self.spec["topk"]
+        )
+        measured = spec_accept_length([out["meta_info"]])
+        print(
+            f"[spec-v2-tree] accept length {measured:.3f} (predicted {predicted:.3f})"
+        )
+        self.assertAlmostEqual(measured, predicted, delta=0.15 * predicted)
+
+
+class TestSpecV2TreeCorrectnessTriton(
+    SpecV2TreeMixin, SpecV2TreeCorrectnessMixin, LoadAwareServerBase
+):
+    pass
+
+
+class TestSpecV2TreeCorrectnessFlashinfer(
+    SpecV2TreeMixin, SpecV2TreeCorrectnessMixin, LoadAwareServerBase
+):
+    backend = "flashinfer"
+
+
+class TestSpecV2TreeCorrectnessTritonEager(
+    SpecV2TreeMixin, SpecV2TreeCorrectnessMixin, LoadAwareServerBase
+):
+    cuda_graph = False
 
 
 if __name__ == "__main__":

@@ -142,10 +142,6 @@ class TestLoadAwareValidationPure(CustomTestCase):
             (dict(speculative_algorithm="NGRAM"), "NGRAM"),
             (dict(speculative_algorithm="STANDALONE"), "STANDALONE"),
             (dict(speculative_algorithm="DFLASH"), "DFLASH"),
-            (
-                dict(disable_overlap_schedule=False, speculative_eagle_topk=4),
-                "--speculative-eagle-topk 1",
-            ),
             (dict(enable_multi_layer_eagle=True), "--enable-multi-layer-eagle"),
             (dict(enable_dp_attention=True), "--enable-dp-attention"),
             (dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap"),
@@ -166,11 +162,16 @@ class TestLoadAwareValidationPure(CustomTestCase):
                     speculative_algorithm=algo, speculative_eagle_topk=topk, **base
                 )
                 self.assertIsNone(load_aware_unsupported_reason(args))
-            # The spec-v2 overlap worker (topk 1).
-            args = default_args_namespace(
-                speculative_algorithm=algo, disable_overlap_schedule=False, **base
-            )
-            self.assertIsNone(load_aware_unsupported_reason(args))
+            # The spec-v2 overlap worker, chains and trees.
+            for topk, ndt in ((1, 4), (4, 16)):
+                args = default_args_namespace(
+                    speculative_algorithm=algo,
+                    disable_overlap_schedule=False,
+                    speculative_eagle_topk=topk,
+                    speculative_num_draft_tokens=ndt,
+                    **base,
+                )
+                self.assertIsNone(load_aware_unsupported_reason(args))
 
     def test_adaptive_refusal_says_why(self):
         args = default_args_namespace(
@@ -255,14 +256,54 @@ class TestLoadAwareServerArgs(CustomTestCase):
         self.assertEqual(args.speculative_enable_batch_threshold, 6)
         self.assertIsNone(args.max_running_requests)
 
-    def test_spec_v2_tree_falls_back_to_v1(self):
+    def test_spec_v2_tree_stays_on_v2_at_page_size_1(self):
+        for threshold in (None, 8):
+            args = self.make(
+                spec_v2=True,
+                speculative_disable_batch_threshold=threshold,
+                speculative_eagle_topk=4,
+                speculative_num_draft_tokens=16,
+                page_size=1,
+            )
+            self.assertFalse(args.disable_overlap_schedule, threshold)
+            self.assertEqual(args.speculative_eagle_topk, 4)
+
+    def test_spec_v2_tree_refused_at_page_size_16(self):
+        for threshold in (None, 8):
+            with self.assertRaises(ValueError) as ctx:
+                self.make(
+                    spec_v2=True,
+                    speculative_disable_batch_threshold=threshold,
+                    speculative_eagle_topk=4,
+                    speculative_num_draft_tokens=16,
+                    page_size=16,
+                    attention_backend="flashinfer",
+                )
+            self.assertIn("--page-size 1", str(ctx.exception))
+            self.assertIn("--disable-overlap-schedule", str(ctx.exception))
+
+    def test_tree_at_page_size_16_stays_on_v1(self):
         args = self.make(
-            spec_v2=True,
-            speculative_disable_batch_threshold=8,
+            spec_v2=False,
             speculative_eagle_topk=4,
-            speculative_num_draft_tokens=8,
+            speculative_num_draft_tokens=16,
+            page_size=16,
+            attention_backend="flashinfer",
         )
         self.assertTrue(args.disable_overlap_schedule)
+        args = self.make(
+            spec_v2=True,
+            disable_overlap_schedule=True,
+            speculative_eagle_topk=4,
+            speculative_num_draft_tokens=16,
+            page_size=16,
+            attention_backend="flashinfer",
+        )
+        self.assertTrue(args.disable_overlap_schedule)
+
+    def test_spec_v2_chain_at_page_size_16_allowed(self):
+        args = self.make(spec_v2=True, page_size=16)
+        self.assertFalse(args.disable_overlap_schedule)
 
     def test_spec_v2_adaptive_rejected(self):
         with self.assertRaises(ValueError) as ctx:

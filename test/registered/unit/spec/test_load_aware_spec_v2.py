@@ -1,6 +1,6 @@
 """Load-aware speculation on the spec-v2 overlap worker: scheduler-side bookkeeping, on CPU.
 
-Real ServerArgs (spec v2: overlap on, topk 1), real ReqToTokenPool /
+Real ServerArgs (spec v2: overlap on; topk 1, and draft trees in the *Tree classes), real ReqToTokenPool /
 TokenToKVPoolAllocator / ChunkCache and a real prefill; no model, no worker, no
 GPU. The triton kernel that writes new slots into req_to_token is replaced by a
 reference implementation. Overlap is emulated: the result of step n (accepted
@@ -77,6 +77,9 @@ class FixedPolicy:
 
 
 class SpecV2BatchTestBase(CustomTestCase):
+    # The speculative configuration (a chain; tree subclasses override it).
+    num_steps, topk, num_draft_tokens = NUM_STEPS, 1, NUM_DRAFT_TOKENS
+
     @classmethod
     def setUpClass(cls):
         cls.tmpdir = tiny_llama_config_dir()
@@ -87,9 +90,9 @@ class SpecV2BatchTestBase(CustomTestCase):
                 skip_tokenizer_init=True,
                 speculative_algorithm="EAGLE",
                 speculative_draft_model_path=cls.tmpdir.name,
-                speculative_num_steps=NUM_STEPS,
-                speculative_eagle_topk=1,
-                speculative_num_draft_tokens=NUM_DRAFT_TOKENS,
+                speculative_num_steps=cls.num_steps,
+                speculative_eagle_topk=cls.topk,
+                speculative_num_draft_tokens=cls.num_draft_tokens,
                 speculative_disable_batch_threshold=3,
                 speculative_enable_batch_threshold=2,
                 speculative_load_aware_min_dwell_steps=0,
@@ -260,14 +263,15 @@ class TestReservationAcrossModes(SpecV2BatchTestBase):
                     req.kv_committed_len += a - 1
             for req, n in zip(batch.reqs, true_lens):
                 # The slots this step writes are owned.
-                need = n + (NUM_DRAFT_TOKENS if speculate else 1)
+                need = n + (self.num_draft_tokens if speculate else 1)
                 self.assertGreaterEqual(req.kv_allocated_len, need)
                 self.assertLessEqual(req.kv_committed_len, req.kv_allocated_len)
             self.owned_slots(batch)
 
             # The worker + run_batch of this step.
             if speculate:
-                accept = [rng.randint(1, NUM_DRAFT_TOKENS) for _ in batch.reqs]
+                # Accepted path incl. bonus: at most num_steps + 1 (tree or chain).
+                accept = [rng.randint(1, self.num_steps + 1) for _ in batch.reqs]
                 batch.seq_lens = batch.seq_lens + torch.tensor(accept)
                 pending_accept = accept
             else:
@@ -399,14 +403,14 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         draft_worker = SimpleNamespace(
             draft_tp_context=no_tp_context,
             draft_runner=self.draft.runner,
-            topk=1,
+            topk=self.topk,
             cuda_graph_runner_for_draft_extend=None,
         )
         worker = SimpleNamespace(
             target_worker=self.target,
             draft_worker=draft_worker,
             speculative_algorithm=SpeculativeAlgorithm.EAGLE,
-            topk=1,
+            topk=self.topk,
             server_args=SimpleNamespace(disable_cuda_graph=True),
             device="cpu",
             gpu_id=0,
@@ -461,7 +465,9 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         self.assertEqual(nxt.bonus_tokens.tolist(), [40, 41, 42, 43])
         self.assertEqual(nxt.new_seq_lens.tolist(), [n + 1 for n in seq_lens])
         self.assertEqual(nxt.topk_index[:, 0].tolist(), [3, 4, 5, 6])
-        self.assertEqual(tuple(nxt.topk_p.shape), (4, 1))
+        # topk proposals per request, as a speculative step hands them.
+        self.assertEqual(tuple(nxt.topk_p.shape), (4, self.topk))
+        self.assertEqual(tuple(nxt.topk_index.shape), (4, self.topk))
         self.assertEqual(tuple(nxt.hidden_states.shape), (4, DRAFT_HIDDEN_SIZE))
         self.assertIsNone(nxt.verify_done)
         self.assertIsNone(result.accept_lens)
@@ -480,6 +486,7 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         self.assertEqual(self.draft.extend_calls, [])
         nxt = result.next_draft_input
         self.assertTrue((nxt.topk_p == -1).all())
+        self.assertEqual(tuple(nxt.topk_p.shape), (4, self.topk))
         self.assertEqual(nxt.hidden_states[:, 0].tolist(), [0.5, 1.5, 2.5, 3.5])
 
         # The next (speculative) step's batch, its draft input from the future map.
@@ -503,6 +510,25 @@ class TestPlainStepWorkerDataflow(SpecV2BatchTestBase):
         self.assertEqual(len(waits), 1)
         plain.resume_speculation(mwb)  # nothing pending any more
         self.assertEqual((len(self.draft.extend_calls), len(waits)), (1, 1))
+
+
+class TreeConfig:
+    """Draft trees on spec v2 (page size 1): the EAGLE3_TREE shape of the GPU tests."""
+
+    num_steps, topk, num_draft_tokens = 2, 4, 16
+
+
+class TestReservationAcrossModesTree(TreeConfig, TestReservationAcrossModes):
+    def test_tree_alloc_len_is_the_tree_width(self):
+        self.assertEqual(self.alloc_len, 16)  # max(num_steps * topk, num_draft_tokens)
+
+
+class TestPlainStepPreparationTree(TreeConfig, TestPlainStepPreparation):
+    pass
+
+
+class TestPlainStepWorkerDataflowTree(TreeConfig, TestPlainStepWorkerDataflow):
+    pass
 
 
 if __name__ == "__main__":

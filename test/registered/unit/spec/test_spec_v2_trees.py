@@ -1,0 +1,160 @@
+"""Draft trees on the spec-v2 worker: the index logic after verify, on CPU.
+
+A verify step of a tree writes its nodes to the KV slots
+``[seq_len, seq_len + num_draft_tokens)``; the worker then moves the accepted
+path's KV to the front and compacts predict / hidden states the same way
+(speculative/spec_v2_trees.py). These tests simulate a KV pool, a tree and its
+accepted paths, and check the chain layout that the bonus tokens, draft extend,
+the scheduler's output slicing and the next step's KV reads assume.
+"""
+
+import random
+import unittest
+
+import torch
+from sglang.srt.speculative.spec_v2_trees import (
+    accept_path_kv_moves,
+    compact_accept_to_front,
+    spec_v2_tree_unsupported_reason,
+)
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+
+NUM_STEPS, TOPK, NUM_DRAFT_TOKENS = 2, 4, 16
+
+
+def random_tree_paths(rng: random.Random, bs: int, ndt: int, num_steps: int):
+    """Per request: an accepted path of increasing node indices starting at the
+    root (node 0), as verify_tree_greedy returns it (global indices, -1 padded),
+    and its length incl. the bonus token."""
+    accept_index = torch.full((bs, num_steps + 1), -1, dtype=torch.int32)
+    accept_lens = torch.zeros(bs, dtype=torch.int32)
+    for b in range(bs):
+        n = rng.randint(1, num_steps + 1)
+        nodes = [0] + sorted(rng.sample(range(1, ndt), n - 1))
+        accept_index[b, :n] = torch.tensor(nodes) + b * ndt
+        accept_lens[b] = n
+    return accept_index, accept_lens
+
+
+def fill_bonus_tokens_reference(accept_tokens, accept_lens, stride):
+    """CPU reference of the triton fill_bonus_tokens kernel."""
+    flat = accept_tokens.reshape(-1)
+    return torch.stack(
+        [flat[stride * b + int(n) - 1] for b, n in enumerate(accept_lens)]
+    )
+
+
+class TestCompactAcceptToFront(CustomTestCase):
+    def test_small_example(self):
+        x = torch.arange(8) * 10  # bs 2, 4 nodes each
+        accept_index = torch.tensor([[0, 2, 3], [4, 7, -1]])
+        out = compact_accept_to_front(x, accept_index, 4)
+        self.assertEqual(out.tolist(), [0, 20, 30, 30, 40, 70, 0, 70])
+        self.assertEqual(x.tolist(), (torch.arange(8) * 10).tolist())  # not in place
+
+    def test_chain_is_identity(self):
+        x = torch.randn(12, 5)
+        accept_index = torch.tensor([[0, 1, 2, 3], [4, 5, -1, -1], [8, 9, 10, -1]])
+        out = compact_accept_to_front(x, accept_index, 4)
+        for b, n in enumerate([4, 2, 3]):
+            self.assertTrue(torch.equal(out[4 * b : 4 * b + n], x[4 * b : 4 * b + n]))
+
+    def test_hidden_states_rows_follow_the_path(self):
+        rng = random.Random(0)
+        bs, hidden = 5, 7
+        x = torch.randn(bs * NUM_DRAFT_TOKENS, hidden)
+        accept_index, accept_lens = random_tree_paths(
+            rng, bs, NUM_DRAFT_TOKENS, NUM_STEPS
+        )
+        out = compact_accept_to_front(x, accept_index, NUM_DRAFT_TOKENS)
+        self.assertEqual(out.shape, x.shape)
+        for b in range(bs):
+            for j in range(int(accept_lens[b])):
+                row = out[b * NUM_DRAFT_TOKENS + j]
+                self.assertTrue(torch.equal(row, x[int(accept_index[b, j])]))
+
+
+class TestVerifyToNextStepLayout(CustomTestCase):
+    """verify -> accept -> KV move -> compaction -> bonus tokens -> scheduler
+    slicing -> draft extend inputs, over random trees."""
+
+    def run_case(self, seed: int, bs: int):
+        rng = random.Random(seed)
+        ndt, s1 = NUM_DRAFT_TOKENS, NUM_STEPS + 1
+        pool_len = 64
+        # req_to_token rows: distinct slots per request.
+        perm = torch.randperm(
+            bs * pool_len, generator=torch.Generator().manual_seed(seed)
+        )
+        req_to_token = perm.view(bs, pool_len) + 1
+        seq_lens = torch.tensor([rng.randint(3, 20) for _ in range(bs)])
+        # Verify: node k of request b is written at req_to_token[b, seq_len + k].
+        out_cache_loc = torch.cat(
+            [req_to_token[b, seq_lens[b] : seq_lens[b] + ndt] for b in range(bs)]
+        )
+        kv_pool = torch.full((bs * pool_len + 1,), -1, dtype=torch.int64)
+        node_id = torch.arange(bs * ndt)  # global node index as the KV payload
+        kv_pool[out_cache_loc] = node_id
+        predict = (torch.arange(bs * ndt) * 7 + 1000).to(torch.int32)
+        hidden = torch.randn(bs * ndt, 3)
+        accept_index, accept_lens = random_tree_paths(rng, bs, ndt, NUM_STEPS)
+
+        accept_tokens = predict[accept_index.long().clamp(min=0)]
+        # The bonus token: the last accepted prediction, at stride s1 (not ndt).
+        bonus = fill_bonus_tokens_reference(accept_tokens, accept_lens, s1)
+        for b in range(bs):
+            last = int(accept_index[b, int(accept_lens[b]) - 1])
+            self.assertEqual(int(bonus[b]), int(predict[last]))
+
+        # KV move (gather first, then scatter: safe in place).
+        tgt, src = accept_path_kv_moves(
+            accept_index, accept_lens, out_cache_loc, req_to_token, seq_lens
+        )
+        self.assertEqual(len(tgt), int(accept_lens.sum()))
+        kv_pool[tgt] = kv_pool[src].clone()
+        compact_predict = compact_accept_to_front(predict, accept_index, ndt)
+        compact_hidden = compact_accept_to_front(hidden, accept_index, ndt)
+
+        for b in range(bs):
+            n, base = int(accept_lens[b]), int(seq_lens[b])
+            path = accept_index[b, :n].long()
+            # Target KV of positions [seq_len, seq_len + n): the accepted nodes.
+            slots = req_to_token[b, base : base + n]
+            self.assertEqual(kv_pool[slots].tolist(), path.tolist())
+            # Scheduler slicing (stride num_draft_tokens): the accepted tokens.
+            sliced = compact_predict[b * ndt : b * ndt + n]
+            self.assertEqual(sliced.tolist(), predict[path].tolist())
+            self.assertEqual(int(sliced[-1]), int(bonus[b]))
+            # Draft extend: select_index = b * ndt + n - 1 reads the last
+            # accepted node's hidden state; rows j < n are the path's.
+            select = b * ndt + n - 1
+            self.assertTrue(torch.equal(compact_hidden[select], hidden[path[-1]]))
+            self.assertTrue(
+                torch.equal(compact_hidden[b * ndt : b * ndt + n], hidden[path])
+            )
+
+    def test_random_trees(self):
+        for seed in range(30):
+            with self.subTest(seed=seed):
+                self.run_case(seed, bs=1 + seed % 7)
+
+
+class TestUnsupportedReason(CustomTestCase):
+    def test_page_size_one_supported(self):
+        for topk in (None, 1, 4, 8):
+            self.assertIsNone(spec_v2_tree_unsupported_reason(topk, 1))
+
+    def test_chain_at_any_page_size(self):
+        self.assertIsNone(spec_v2_tree_unsupported_reason(1, 16))
+
+    def test_tree_with_pages_refused_with_the_ways_out(self):
+        reason = spec_v2_tree_unsupported_reason(4, 16)
+        for needle in ("--page-size 1", "--disable-overlap-schedule", "topk 4"):
+            self.assertIn(needle, reason)
+
+
+if __name__ == "__main__":
+    unittest.main()
