@@ -69,15 +69,15 @@ def accept_path_kv_moves(
     return tgt[valid], src[valid].to(torch.int64)
 
 
-def spec_v2_tree_unsupported_reason(
-    topk: Optional[int], page_size: int
+def spec_v2_tree_v1_reason(
+    topk: Optional[int], page_size: int, hybrid_linear_attention: bool
 ) -> Optional[str]:
-    """Why the spec-v2 overlap worker cannot run this draft tree, or None. Pure."""
-    if (topk or 1) > 1 and page_size > 1:
-        return (
-            f"--speculative-eagle-topk {topk} with --page-size {page_size} is not "
-            "supported by the spec-v2 overlap worker (draft trees on spec v2 "
-            "support page size 1 only); use --page-size 1, or the v1 worker "
-            "(--disable-overlap-schedule or SGLANG_ENABLE_SPEC_V2=0)"
-        )
+    """Why a draft tree must run on the v1 worker rather than on spec v2, or
+    None (chains, and trees at page size 1 on attention-only models). Pure."""
+    if (topk or 1) == 1:
+        return None
+    if page_size > 1:
+        return f"spec v2 runs draft trees (topk {topk}) at page size 1 only"
+    if hybrid_linear_attention:
+        return "spec v2 updates hybrid linear-attention states for topk 1 only"
     return None

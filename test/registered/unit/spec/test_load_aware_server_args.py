@@ -268,19 +268,17 @@ class TestLoadAwareServerArgs(CustomTestCase):
             self.assertFalse(args.disable_overlap_schedule, threshold)
             self.assertEqual(args.speculative_eagle_topk, 4)
 
-    def test_spec_v2_tree_refused_at_page_size_16(self):
+    def test_spec_v2_tree_at_page_size_16_falls_back_to_v1(self):
         for threshold in (None, 8):
-            with self.assertRaises(ValueError) as ctx:
-                self.make(
-                    spec_v2=True,
-                    speculative_disable_batch_threshold=threshold,
-                    speculative_eagle_topk=4,
-                    speculative_num_draft_tokens=16,
-                    page_size=16,
-                    attention_backend="flashinfer",
-                )
-            self.assertIn("--page-size 1", str(ctx.exception))
-            self.assertIn("--disable-overlap-schedule", str(ctx.exception))
+            args = self.make(
+                spec_v2=True,
+                speculative_disable_batch_threshold=threshold,
+                speculative_eagle_topk=4,
+                speculative_num_draft_tokens=16,
+                page_size=16,
+                attention_backend="flashinfer",
+            )
+            self.assertTrue(args.disable_overlap_schedule, threshold)
 
     def test_tree_at_page_size_16_stays_on_v1(self):
         args = self.make(

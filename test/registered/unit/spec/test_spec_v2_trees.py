@@ -15,7 +15,7 @@ import torch
 from sglang.srt.speculative.spec_v2_trees import (
     accept_path_kv_moves,
     compact_accept_to_front,
-    spec_v2_tree_unsupported_reason,
+    spec_v2_tree_v1_reason,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -142,18 +142,17 @@ class TestVerifyToNextStepLayout(CustomTestCase):
                 self.run_case(seed, bs=1 + seed % 7)
 
 
-class TestUnsupportedReason(CustomTestCase):
-    def test_page_size_one_supported(self):
+class TestV1Reason(CustomTestCase):
+    def test_trees_at_page_size_one_stay_on_v2(self):
         for topk in (None, 1, 4, 8):
-            self.assertIsNone(spec_v2_tree_unsupported_reason(topk, 1))
+            self.assertIsNone(spec_v2_tree_v1_reason(topk, 1, False))
 
-    def test_chain_at_any_page_size(self):
-        self.assertIsNone(spec_v2_tree_unsupported_reason(1, 16))
+    def test_chains_stay_on_v2(self):
+        self.assertIsNone(spec_v2_tree_v1_reason(1, 16, True))
 
-    def test_tree_with_pages_refused_with_the_ways_out(self):
-        reason = spec_v2_tree_unsupported_reason(4, 16)
-        for needle in ("--page-size 1", "--disable-overlap-schedule", "topk 4"):
-            self.assertIn(needle, reason)
+    def test_trees_with_pages_or_linear_attention_go_to_v1(self):
+        self.assertIn("page size 1", spec_v2_tree_v1_reason(4, 16, False))
+        self.assertIn("linear-attention", spec_v2_tree_v1_reason(4, 1, True))
 
 
 if __name__ == "__main__":
