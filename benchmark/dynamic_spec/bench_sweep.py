@@ -38,7 +38,17 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import aiohttp
 import requests
@@ -88,15 +98,20 @@ def build_configs(
     disable_threshold)."""
 
     def load_aware(
-        name: str, spec: Dict[str, int], env: Dict[str, str], always_on: str
+        name: str,
+        spec: Dict[str, int],
+        env: Dict[str, str],
+        always_on: str,
+        extra_args: Sequence[str] = (),
     ) -> Config:
         threshold = (per_config or {}).get(name, disable_threshold)
-        flags = ["--speculative-disable-batch-threshold", str(threshold)]
+        flags = ["--speculative-disable-batch-threshold", str(threshold), *extra_args]
         return Config(name, spec, flags, env, always_on=always_on)
 
     # The full draft forward on every plain step (drafts that cannot write their KV
     # alone): what the KV-only write saves, on either worker.
     full_catch_up = {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
+    adaptive = ["--speculative-adaptive"]
     return {
         c.name: c
         for c in [
@@ -122,8 +137,14 @@ def build_configs(
                 full_catch_up,
                 "eagle3-topk4",
             ),
-            Config(
-                "upstream-adaptive-topk1", EAGLE3_CHAIN, ["--speculative-adaptive"], {}
+            Config("upstream-adaptive-topk1", EAGLE3_CHAIN, adaptive, {}),
+            # Upstream's adaptive step count while speculating, plain steps under load.
+            load_aware(
+                "loadaware-adaptive-topk1",
+                EAGLE3_CHAIN,
+                {},
+                "upstream-adaptive-topk1",
+                adaptive,
             ),
         ]
     }

@@ -20,6 +20,12 @@ of the sequence of batch sizes, which is identical on every TP rank, so every
 rank reaches the same decision without any communication. Further signals
 (acceptance, measured step costs) can be added as inputs of ``decide`` later, as
 long as they are rank-identical too.
+
+On the spec-v2 worker the policy composes with upstream's
+``--speculative-adaptive``: the policy decides whether a step speculates, the
+adaptive controller how many draft steps a speculative step runs. Its
+acceptance average learns from speculative steps only and holds still while
+steps are plain.
 """
 
 from __future__ import annotations
@@ -210,7 +216,7 @@ def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
     v1/v2 worker chosen (``disable_overlap_schedule`` set for v1). Both the v1
     EAGLEWorker (load_aware.py) and the spec-v2 overlap EAGLEWorkerV2
     (load_aware_v2.py; draft trees at page size 1, spec_v2_trees.py) are
-    supported.
+    supported; upstream's adaptive step count on the spec-v2 worker only.
     """
     algo = server_args.speculative_algorithm
     if algo is None:
@@ -221,13 +227,14 @@ def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
             "(supported: EAGLE, EAGLE3; not NGRAM, STANDALONE, DFLASH, "
             "FROZEN_KV_MTP)"
         )
-    if getattr(server_args, "speculative_adaptive", False):
+    if (
+        getattr(server_args, "speculative_adaptive", False)
+        and server_args.disable_overlap_schedule
+    ):
         return (
-            "--speculative-adaptive cannot be combined with it yet: adaptive "
-            "state switches rewrite server_args.speculative_num_steps / "
-            "speculative_num_draft_tokens, which the KV reservation and the "
-            "spec-v2 allocation read, and swap the target graph runner and "
-            "attention backend that plain steps route around"
+            "--speculative-adaptive is combined with it on the spec-v2 overlap "
+            "worker only (topk 1, without --disable-overlap-schedule or "
+            "SGLANG_ENABLE_SPEC_V2=0)"
         )
     unsupported_flags = (
         ("enable_multi_layer_eagle", "--enable-multi-layer-eagle"),

@@ -154,9 +154,18 @@ class LoadAwareServerBase(CustomTestCase):
                 out["meta_info"]["finish_reason"]["type"], "length", f"request {i}"
             )
 
-    def load_aware_state(self) -> dict:
+    def internal_state(self) -> dict:
         info = requests.get(f"{self.base_url}/server_info", timeout=30).json()
-        return info["internal_states"][0]["load_aware_speculation"]
+        return info["internal_states"][0]
+
+    def load_aware_state(self) -> dict:
+        return self.internal_state()["load_aware_speculation"]
+
+    def predicted_accept_length(self) -> float:
+        """The accept length of a server that never switched, at the step count that
+        the server runs now."""
+        num_steps = self.internal_state()["speculative_num_steps"]
+        return expected_accept_length(self.draft_accept, num_steps, self.spec["topk"])
 
     def assert_server_alive_and_idle_clean(self) -> None:
         # The idle memory check runs once the server has been idle; a leak raises there.
@@ -250,9 +259,7 @@ class TestLoadAwareRampTree(RampMixin, LoadAwareServerBase):
             len(resumed), self.cycles // 2, "long requests rarely saw plain steps"
         )
         measured = spec_accept_length(metas)
-        never_switched = expected_accept_length(
-            self.draft_accept, self.spec["num_steps"], self.spec["topk"]
-        )
+        never_switched = self.predicted_accept_length()
         print(
             f"[load-aware-ramp] accept length over spec steps {measured:.3f}, never-switched prediction {never_switched:.3f}"
         )
@@ -361,9 +368,7 @@ class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
         meta = out["meta_info"]
         toggles = self.load_aware_state()["num_toggles"] - state_before["num_toggles"]
         measured = spec_accept_length([meta])
-        predicted = expected_accept_length(
-            self.draft_accept, self.spec["num_steps"], self.spec["topk"]
-        )
+        predicted = self.predicted_accept_length()
         print(
             f"[load-aware-resume] toggles {toggles}, plain tokens {plain_step_tokens(meta)}, "
             f"accept length {measured:.3f} (predicted {predicted:.3f})"
@@ -423,9 +428,7 @@ class MatrixMixin:
         out = post_concurrently(self.base_url, [(prompt, greedy_params(128))])[0]
         self.assert_outputs_intended([prompt], [out], [128])
         self.assertLessEqual(plain_step_tokens(out["meta_info"]), MIN_DWELL_STEPS)
-        predicted = expected_accept_length(
-            self.draft_accept, self.spec["num_steps"], self.spec["topk"]
-        )
+        predicted = self.predicted_accept_length()
         self.assertAlmostEqual(
             spec_accept_length([out["meta_info"]]), predicted, delta=0.2 * predicted
         )
@@ -576,9 +579,7 @@ class SpecV2TreeCorrectnessMixin:
         prompt = self.prompts(1, seed=7)[0]
         out = post_concurrently(self.base_url, [(prompt, greedy_params(256))])[0]
         self.assert_outputs_intended([prompt], [out], [256])
-        predicted = expected_accept_length(
-            self.draft_accept, self.spec["num_steps"], self.spec["topk"]
-        )
+        predicted = self.predicted_accept_length()
         measured = spec_accept_length([out["meta_info"]])
         print(
             f"[spec-v2-tree] accept length {measured:.3f} (predicted {predicted:.3f})"
@@ -601,6 +602,54 @@ class TestSpecV2TreeCorrectnessFlashinfer(
 class TestSpecV2TreeCorrectnessTritonEager(
     SpecV2TreeMixin, SpecV2TreeCorrectnessMixin, LoadAwareServerBase
 ):
+    cuda_graph = False
+
+
+class AdaptiveMixin(SpecV2Mixin):
+    """Upstream's adaptive step count on the speculative steps: at draft acceptance
+    0.95 it rises from 3 to 7 steps after its warmup (15 verify steps by default) and
+    stays there. A first request takes the server there before the tests run."""
+
+    draft_accept = 0.95
+    adaptive_num_steps = 7
+
+    @classmethod
+    def server_args(cls) -> List[str]:
+        return super().server_args() + ["--speculative-adaptive"]
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        try:
+            prompt = random_prompts(1, PROMPT_LEN, len(cls.token_map), seed=7)[0]
+            post_concurrently(cls.base_url, [(prompt, greedy_params(192))])
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    def predicted_accept_length(self) -> float:
+        num_steps = self.internal_state()["speculative_num_steps"]
+        self.assertEqual(num_steps, self.adaptive_num_steps, "adaptive step count")
+        return super().predicted_accept_length()
+
+
+class TestLoadAwareV2AdaptiveRamp(AdaptiveMixin, TestLoadAwareRampTree):
+    pass
+
+
+class TestLoadAwareV2AdaptiveFrequentResumeKVCheck(
+    AdaptiveMixin, TestLoadAwareFrequentResumeKVCheck
+):
+    pass
+
+
+class TestLoadAwareV2AdaptiveTritonPage16Eager(
+    AdaptiveMixin, MatrixMixin, LoadAwareServerBase
+):
+    """Eager plain steps on the target backend of an adaptive state other than the
+    initial one."""
+
+    page_size = 16
     cuda_graph = False
 
 

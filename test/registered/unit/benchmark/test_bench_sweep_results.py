@@ -243,6 +243,12 @@ class TestBenchSweepResults(CustomTestCase):
                 self.bench.config_server_args(args, per_config["loadaware-topk1"], "/d")
             ),
         )
+        adaptive = configs["loadaware-adaptive-topk1"]
+        self.assertEqual(adaptive.always_on, "upstream-adaptive-topk1")
+        self.assertEqual(
+            adaptive.extra_args,
+            ["--speculative-disable-batch-threshold", "16", "--speculative-adaptive"],
+        )
         nospec = self.bench.config_server_args(args, configs["nospec"], "/d")
         self.assertFalse(any(f.startswith("--speculative") for f in nospec))
         no_overlap = self.bench.config_server_args(

@@ -162,22 +162,24 @@ class TestLoadAwareValidationPure(CustomTestCase):
                     speculative_algorithm=algo, speculative_eagle_topk=topk, **base
                 )
                 self.assertIsNone(load_aware_unsupported_reason(args))
-            # The spec-v2 overlap worker, chains and trees.
-            for topk, ndt in ((1, 4), (4, 16)):
+            # The spec-v2 overlap worker: chains, trees, and chains with the adaptive
+            # step count.
+            for topk, ndt, adaptive in ((1, 4, False), (4, 16, False), (1, 4, True)):
                 args = default_args_namespace(
                     speculative_algorithm=algo,
                     disable_overlap_schedule=False,
                     speculative_eagle_topk=topk,
                     speculative_num_draft_tokens=ndt,
+                    speculative_adaptive=adaptive,
                     **base,
                 )
                 self.assertIsNone(load_aware_unsupported_reason(args))
 
-    def test_adaptive_refusal_says_why(self):
+    def test_adaptive_refusal_names_the_worker(self):
         args = default_args_namespace(
             speculative_disable_batch_threshold=8, speculative_adaptive=True
         )
-        self.assertIn("speculative_num_steps", load_aware_unsupported_reason(args))
+        self.assertIn("spec-v2", load_aware_unsupported_reason(args))
 
     def test_policy_from_args(self):
         self.assertIsNone(SpecPolicy.from_server_args(default_args_namespace()))
@@ -303,16 +305,17 @@ class TestLoadAwareServerArgs(CustomTestCase):
         args = self.make(spec_v2=True, page_size=16)
         self.assertFalse(args.disable_overlap_schedule)
 
-    def test_spec_v2_adaptive_rejected(self):
-        with self.assertRaises(ValueError) as ctx:
-            self.make(
-                spec_v2=True,
-                speculative_disable_batch_threshold=8,
-                speculative_adaptive=True,
-            )
-        self.assertIn("--speculative-adaptive", str(ctx.exception))
+    def test_spec_v2_adaptive_accepted(self):
+        args = self.make(
+            spec_v2=True,
+            speculative_disable_batch_threshold=8,
+            speculative_adaptive=True,
+        )
+        self.assertTrue(args.speculative_adaptive)
+        self.assertFalse(args.disable_overlap_schedule)
+        self.assertEqual(args.speculative_enable_batch_threshold, 6)
 
-    def test_adaptive_rejected(self):
+    def test_v1_adaptive_rejected(self):
         with self.assertRaises(ValueError) as ctx:
             self.make(speculative_disable_batch_threshold=8, speculative_adaptive=True)
         self.assertIn("--speculative-adaptive", str(ctx.exception))
