@@ -119,9 +119,11 @@ def build_configs(
             # The v1 worker (topk > 1) runs without the overlap scheduler: the
             # reference its plain steps can reach.
             Config("nospec-no-overlap", None, ["--disable-overlap-schedule"], {}),
+            # Chains and trees (page size 1) run on the spec-v2 overlap worker; the
+            # -v1 configs on the v1 worker, which has no overlap scheduler.
             Config("eagle3-topk1", EAGLE3_CHAIN, [], {}),
             Config("eagle3-topk4", EAGLE3_TREE, [], {}),
-            # topk 1 runs on the spec-v2 overlap worker, like eagle3-topk1.
+            Config("eagle3-topk4-v1", EAGLE3_TREE, [], V1),
             load_aware("loadaware-topk1", EAGLE3_CHAIN, {}, "eagle3-topk1"),
             load_aware(
                 "loadaware-topk1-full-catch-up",
@@ -131,6 +133,7 @@ def build_configs(
             ),
             load_aware("loadaware-topk1-v1", EAGLE3_CHAIN, V1, "eagle3-topk1"),
             load_aware("loadaware-topk4", EAGLE3_TREE, {}, "eagle3-topk4"),
+            load_aware("loadaware-topk4-v1", EAGLE3_TREE, V1, "eagle3-topk4-v1"),
             load_aware(
                 "loadaware-topk4-full-catch-up",
                 EAGLE3_TREE,

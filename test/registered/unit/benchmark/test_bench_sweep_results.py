@@ -243,6 +243,9 @@ class TestBenchSweepResults(CustomTestCase):
                 self.bench.config_server_args(args, per_config["loadaware-topk1"], "/d")
             ),
         )
+        tree_v1 = configs["loadaware-topk4-v1"]
+        self.assertEqual(tree_v1.env, {"SGLANG_ENABLE_SPEC_V2": "0"})
+        self.assertEqual(configs[tree_v1.always_on].env, tree_v1.env)
         adaptive = configs["loadaware-adaptive-topk1"]
         self.assertEqual(adaptive.always_on, "upstream-adaptive-topk1")
         self.assertEqual(
