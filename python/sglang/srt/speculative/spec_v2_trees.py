@@ -11,14 +11,27 @@ path's target KV to ``[seq_len, seq_len + accept_len)`` and gathers the
 node-indexed tensors (``predict``, target hidden states) of the accepted path to
 the front of each request's block (``compact_accept_to_front``).
 
-Pure helpers (torch, any device) so the index logic runs in CPU tests.
+Torch and triton on any device: the CPU tests run the kernels in triton's
+interpreter.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Protocol, Tuple
 
 import torch
+
+from sglang.srt.utils.common import next_power_of_2
+
+
+class KVCache(Protocol):
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None: ...
+
+
+class VerifiedBatch(Protocol):
+    seq_lens: torch.Tensor
+    req_pool_indices: torch.Tensor
+    out_cache_loc: torch.Tensor  # the verify step's slots, node-indexed
 
 
 def compact_accept_to_front(
@@ -44,29 +57,69 @@ def compact_accept_to_front(
     return out
 
 
-def accept_path_kv_moves(
+def move_accept_path_kv_to_front(
+    req_to_token: torch.Tensor,
+    kv_cache: KVCache,
+    batch: VerifiedBatch,
     accept_index: torch.Tensor,
     accept_lens: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    req_to_token_rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference (torch) of the KV move of the accepted paths; the worker runs
-    the same with triton kernels (``move_accept_tokens_to_target_kvcache``).
-
-    Returns (tgt, src) slot lists, accepted entries only, request-major:
-    ``src = out_cache_loc[accept_index[b, j]]``,
-    ``tgt = req_to_token_rows[b, seq_lens[b] + j]`` for ``j < accept_lens[b]``.
-    """
-    bs, path_len = accept_index.shape
-    j = torch.arange(path_len, device=accept_index.device).view(1, path_len)
-    valid = j < accept_lens.view(bs, 1)
-    src = out_cache_loc[accept_index.to(torch.int64).clamp(min=0)]
-    positions = (seq_lens.view(bs, 1).to(torch.int64) + j).clamp(
-        max=req_to_token_rows.shape[1] - 1
+) -> None:
+    """Move the target KV of each request's accepted path to the slots of
+    ``[seq_len, seq_len + accept_len)``, in place (the copy reads all sources
+    before it writes: a path node never lies before its position)."""
+    # Imported here: ServerArgs imports this module for spec_v2_tree_v1_reason.
+    from sglang.srt.speculative.eagle_info_v2 import (
+        assign_extend_cache_locs,
+        fill_accepted_out_cache_loc,
     )
-    tgt = torch.gather(req_to_token_rows.to(torch.int64), 1, positions)
-    return tgt[valid], src[valid].to(torch.int64)
+
+    bs, path_len = accept_index.shape
+    size = bs * path_len
+    device = accept_index.device
+    tgt_cache_loc = torch.zeros(size, dtype=torch.int64, device=device)
+    src_cache_loc = torch.zeros(size, dtype=torch.int64, device=device)
+    assign_extend_cache_locs[(bs,)](
+        batch.req_pool_indices,
+        req_to_token,
+        batch.seq_lens,
+        batch.seq_lens + accept_lens,
+        tgt_cache_loc,
+        req_to_token.shape[1],
+        next_power_of_2(bs),
+    )
+    fill_accepted_out_cache_loc[(size,)](
+        accept_index,
+        batch.out_cache_loc,
+        src_cache_loc,
+        next_power_of_2(size),
+    )
+    kv_cache.move_kv_cache(tgt_cache_loc, src_cache_loc)
+
+
+def finalize_accept_tree_path(
+    req_to_token: torch.Tensor,
+    kv_cache: KVCache,
+    batch: VerifiedBatch,
+    accept_index: torch.Tensor,
+    accept_lens: torch.Tensor,
+    predict: torch.Tensor,
+    hidden_states: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """After the verify step of a tree: the accepted path's target KV, predicted
+    tokens and hidden states in the chain layout. Returns (predict,
+    hidden_states), compacted."""
+    move_accept_path_kv_to_front(
+        req_to_token, kv_cache, batch, accept_index, accept_lens
+    )
+    num_draft_tokens = predict.shape[0] // accept_index.shape[0]
+    if hidden_states is not None:
+        hidden_states = compact_accept_to_front(
+            hidden_states, accept_index, num_draft_tokens
+        )
+    return (
+        compact_accept_to_front(predict, accept_index, num_draft_tokens),
+        hidden_states,
+    )
 
 
 def spec_v2_tree_v1_reason(
