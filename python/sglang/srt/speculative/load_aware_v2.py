@@ -1,7 +1,8 @@
 """Plain decode steps of a load-aware speculative EAGLE worker, spec v2 (overlap).
 
 The same capability as load_aware.py (v1), for EAGLEWorkerV2 under the overlap
-scheduler, chains and draft trees (topk > 1, page size 1: spec_v2_trees.py): the SpecPolicy (spec_policy.py) decides once per decode step,
+scheduler, chains and draft trees (topk > 1, page size 1: spec_v2_trees.py):
+the SpecPolicy (spec_policy.py) decides once per decode step,
 in ``ScheduleBatch.prepare_for_decode``, whether the step speculates
 (``batch.spec_step``); a plain step runs the target exactly like a decode step
 of a non-speculative overlap server and keeps the draft KV valid with a
