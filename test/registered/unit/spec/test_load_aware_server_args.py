@@ -258,48 +258,28 @@ class TestLoadAwareServerArgs(CustomTestCase):
         self.assertEqual(args.speculative_enable_batch_threshold, 6)
         self.assertIsNone(args.max_running_requests)
 
-    def test_spec_v2_tree_stays_on_v2_at_page_size_1(self):
-        for threshold in (None, 8):
-            args = self.make(
-                spec_v2=True,
-                speculative_disable_batch_threshold=threshold,
-                speculative_eagle_topk=4,
-                speculative_num_draft_tokens=16,
-                page_size=1,
-            )
-            self.assertFalse(args.disable_overlap_schedule, threshold)
-            self.assertEqual(args.speculative_eagle_topk, 4)
-
-    def test_spec_v2_tree_at_page_size_16_falls_back_to_v1(self):
-        for threshold in (None, 8):
-            args = self.make(
-                spec_v2=True,
-                speculative_disable_batch_threshold=threshold,
-                speculative_eagle_topk=4,
-                speculative_num_draft_tokens=16,
-                page_size=16,
-                attention_backend="flashinfer",
-            )
-            self.assertTrue(args.disable_overlap_schedule, threshold)
-
-    def test_tree_at_page_size_16_stays_on_v1(self):
-        args = self.make(
-            spec_v2=False,
-            speculative_eagle_topk=4,
-            speculative_num_draft_tokens=16,
-            page_size=16,
-            attention_backend="flashinfer",
-        )
-        self.assertTrue(args.disable_overlap_schedule)
-        args = self.make(
-            spec_v2=True,
-            disable_overlap_schedule=True,
-            speculative_eagle_topk=4,
-            speculative_num_draft_tokens=16,
-            page_size=16,
-            attention_backend="flashinfer",
-        )
-        self.assertTrue(args.disable_overlap_schedule)
+    def test_worker_of_draft_trees(self):
+        """Trees run on spec v2 at page size 1 and fall back to v1 at page size 16
+        (or stay there when v1 is asked for), with or without load-aware speculation."""
+        page_16 = dict(page_size=16, attention_backend="flashinfer")
+        cases = [  # (overrides, on the v1 worker)
+            (dict(spec_v2=True, page_size=1), False),
+            (dict(spec_v2=True, **page_16), True),
+            (dict(spec_v2=False, **page_16), True),
+            (dict(spec_v2=True, disable_overlap_schedule=True, **page_16), True),
+        ]
+        for overrides, on_v1 in cases:
+            for threshold in (None, 8):
+                args = self.make(
+                    speculative_disable_batch_threshold=threshold,
+                    speculative_eagle_topk=4,
+                    speculative_num_draft_tokens=16,
+                    **overrides,
+                )
+                self.assertEqual(
+                    args.disable_overlap_schedule, on_v1, (overrides, threshold)
+                )
+                self.assertEqual(args.speculative_eagle_topk, 4)
 
     def test_spec_v2_chain_at_page_size_16_allowed(self):
         args = self.make(spec_v2=True, page_size=16)
