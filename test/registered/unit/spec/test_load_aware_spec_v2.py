@@ -1,9 +1,9 @@
 """Load-aware speculation on the spec-v2 overlap worker: scheduler-side bookkeeping, on CPU.
 
-Real ServerArgs (spec v2: overlap on; topk 1, and draft trees in the *Tree classes), real ReqToTokenPool /
-TokenToKVPoolAllocator / ChunkCache and a real prefill; no model, no worker, no
-GPU. The triton kernel that writes new slots into req_to_token is replaced by a
-reference implementation. Overlap is emulated: the result of step n (accepted
+Real ServerArgs (spec v2: overlap on; topk 1, and draft trees in the *Tree
+classes), real ReqToTokenPool / TokenToKVPoolAllocator / ChunkCache and a real
+prefill; no model, no worker, no GPU. The triton kernel that writes new slots
+into req_to_token is replaced by a reference implementation. Overlap is emulated: the result of step n (accepted
 lengths, kv_committed_len correction) is applied after step n+1 is prepared.
 Checks what prepare_for_decode leaves for the worker on plain steps, that a
 plain step allocates one slot per request and reuses slots a speculative step
