@@ -6,10 +6,15 @@ Backported from upstream 0.5.13 at page size 1. A verify step of a tree scores
 (``accept_index``: ``[bs, num_steps + 1]`` global node indices, -1 padded) is in
 general not a prefix of it. Everything after verify (bonus token, draft extend,
 the scheduler's output slicing, the next step's KV reads) assumes the chain
-layout of topk 1, where it is. So after verify the worker moves the accepted
-path's target KV to ``[seq_len, seq_len + accept_len)`` and gathers the
-node-indexed tensors (``predict``, target hidden states) of the accepted path to
-the front of each request's block (``compact_accept_to_front``).
+layout of topk 1: ``num_steps + 1`` tokens per request, the accepted ones first,
+at positions ``[seq_len, seq_len + accept_len)``. So after verify the worker moves
+the accepted path's target KV to those positions and gathers the node-indexed
+tensors (``predict``, target hidden states) of the path into that layout
+(``gather_accept_path``). The draft extend then runs over ``num_steps + 1``
+tokens per request, as for topk 1, not over the whole tree: upstream 0.5.13
+extends all ``num_draft_tokens``; at topk 4 with 16 draft tokens its draft-extend
+CUDA graphs took 6.4 GB (Llama-3.1-8B shapes, batch up to 256) and the server
+ran out of memory at batch 64 with ``--mem-fraction-static 0.8``.
 
 Torch and triton on any device: the CPU tests run the kernels in triton's
 interpreter.
@@ -34,27 +39,16 @@ class VerifiedBatch(Protocol):
     out_cache_loc: torch.Tensor  # the verify step's slots, node-indexed
 
 
-def compact_accept_to_front(
-    x: torch.Tensor, accept_index: torch.Tensor, num_draft_tokens: int
-) -> torch.Tensor:
-    """Gather the accepted tree path to the front of each request's block.
+def gather_accept_path(x: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:
+    """The rows of the accepted tree paths in the chain layout.
 
     x: node-indexed over the whole tree, ``[bs * num_draft_tokens, ...]``;
     accept_index: ``[bs, num_steps + 1]`` global node indices, -1 padded.
-    Returns a new tensor: row ``b * num_draft_tokens + j`` holds
-    ``x[accept_index[b, j]]`` for every unpadded ``j``; padded entries read
-    node 0 (they lie past the accept length and are never read), the remaining
-    rows keep ``x``.
+    Returns ``[bs * (num_steps + 1), ...]`` whose row ``b * (num_steps + 1) + j``
+    is ``x[accept_index[b, j]]``; padded entries read node 0 (they lie past the
+    accept length and are never read).
     """
-    bs, path_len = accept_index.shape
-    assert path_len <= num_draft_tokens, (path_len, num_draft_tokens)
-    assert x.shape[0] == bs * num_draft_tokens, (x.shape, bs, num_draft_tokens)
-    gathered = x[accept_index.to(torch.int64).clamp(min=0).reshape(-1)]
-    out = x.clone()
-    out.view(bs, num_draft_tokens, *x.shape[1:])[:, :path_len] = gathered.view(
-        bs, path_len, *x.shape[1:]
-    )
-    return out
+    return x[accept_index.to(torch.int64).clamp(min=0).reshape(-1)]
 
 
 def move_accept_path_kv_to_front(
@@ -104,22 +98,19 @@ def finalize_accept_tree_path(
     accept_lens: torch.Tensor,
     predict: torch.Tensor,
     hidden_states: Optional[torch.Tensor],
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     """After the verify step of a tree: the accepted path's target KV, predicted
-    tokens and hidden states in the chain layout. Returns (predict,
-    hidden_states), compacted."""
+    tokens, hidden states and KV slots in the chain layout. Returns (predict,
+    hidden_states, out_cache_loc), each ``num_steps + 1`` rows per request."""
     move_accept_path_kv_to_front(
         req_to_token, kv_cache, batch, accept_index, accept_lens
     )
-    num_draft_tokens = predict.shape[0] // accept_index.shape[0]
+    bs, path_len = accept_index.shape
+    # The slots of positions [seq_len, seq_len + path_len): the draft extend's.
+    out_cache_loc = batch.out_cache_loc.view(bs, -1)[:, :path_len].reshape(-1)
     if hidden_states is not None:
-        hidden_states = compact_accept_to_front(
-            hidden_states, accept_index, num_draft_tokens
-        )
-    return (
-        compact_accept_to_front(predict, accept_index, num_draft_tokens),
-        hidden_states,
-    )
+        hidden_states = gather_accept_path(hidden_states, accept_index)
+    return gather_accept_path(predict, accept_index), hidden_states, out_cache_loc
 
 
 def spec_v2_tree_v1_reason(

@@ -218,6 +218,7 @@ class RampMixin:
 
     cycles = 20
     burst = 31
+    long_request_tokens = 192
 
     def run_ramp(self) -> Tuple[List[dict], List[dict]]:
         from concurrent.futures import ThreadPoolExecutor
@@ -229,7 +230,10 @@ class RampMixin:
             for cycle in range(self.cycles):
                 long_prompt = self.prompts(1, seed=100 + cycle)[0]
                 long_future = pool.submit(
-                    post_generate, self.base_url, long_prompt, greedy_params(192)
+                    post_generate,
+                    self.base_url,
+                    long_prompt,
+                    greedy_params(self.long_request_tokens),
                 )
                 time.sleep(0.15)
                 burst_prompts = self.prompts(self.burst, seed=200 + cycle)
@@ -240,7 +244,9 @@ class RampMixin:
                 outs = [f.result() for f in burst]
                 self.assert_outputs_intended(burst_prompts, outs, [24] * self.burst)
                 long_out = long_future.result()
-                self.assert_outputs_intended([long_prompt], [long_out], [192])
+                self.assert_outputs_intended(
+                    [long_prompt], [long_out], [self.long_request_tokens]
+                )
                 long_outputs.append(long_out)
                 burst_outputs.extend(outs)
         return long_outputs, burst_outputs
@@ -338,6 +344,8 @@ class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
     disable_threshold = 2
     enable_threshold = 1
     extra_args = ["--speculative-load-aware-min-dwell-steps", "0"]
+    resumed_request_tokens = 256
+    min_toggles = 20
 
     def test_acceptance_survives_frequent_resumes(self):
         from concurrent.futures import ThreadPoolExecutor
@@ -360,11 +368,13 @@ class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
         with ThreadPoolExecutor(max_workers=1) as pool:
             interrupter = pool.submit(interrupt_with_short_requests)
             try:
-                out = post_generate(self.base_url, prompt, greedy_params(256))
+                out = post_generate(
+                    self.base_url, prompt, greedy_params(self.resumed_request_tokens)
+                )
             finally:
                 done.set()
             interrupter.result()
-        self.assert_outputs_intended([prompt], [out], [256])
+        self.assert_outputs_intended([prompt], [out], [self.resumed_request_tokens])
         meta = out["meta_info"]
         toggles = self.load_aware_state()["num_toggles"] - state_before["num_toggles"]
         measured = spec_accept_length([meta])
@@ -373,7 +383,7 @@ class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
             f"[load-aware-resume] toggles {toggles}, plain tokens {plain_step_tokens(meta)}, "
             f"accept length {measured:.3f} (predicted {predicted:.3f})"
         )
-        self.assertGreaterEqual(toggles, 20)
+        self.assertGreaterEqual(toggles, self.min_toggles)
         self.assertAlmostEqual(measured, predicted, delta=0.10 * predicted)
         self.assert_server_alive_and_idle_clean()
 
@@ -402,12 +412,16 @@ class MatrixMixin:
         self.assert_server_alive_and_idle_clean()
 
     def test_stop_strings_during_plain_steps(self):
-        prompts = self.prompts(16, seed=2)
         # Stop at a 4-digit token: its text "wNNNN" is no substring of another token's.
-        stop_at = [
-            self.first_four_digit_position(p, start=5 + i)
-            for i, p in enumerate(prompts)
-        ]
+        prompts, stop_at = [], []
+        for prompt in self.prompts(48, seed=2):
+            k = self.first_four_digit_position(prompt, start=5 + len(prompts))
+            if k is not None:
+                prompts.append(prompt)
+                stop_at.append(k)
+            if len(prompts) == 16:
+                break
+        self.assertEqual(len(prompts), 16, "prompts with a 4-digit token")
         params = [
             greedy_params(64, stop=[f"w{self.intended(p, k)[-1]}"])
             for p, k in zip(prompts, stop_at)
@@ -419,9 +433,11 @@ class MatrixMixin:
             self.assertEqual(out["meta_info"]["finish_reason"]["type"], "stop")
         self.assert_server_alive_and_idle_clean()
 
-    def first_four_digit_position(self, prompt: List[int], start: int) -> int:
+    def first_four_digit_position(
+        self, prompt: List[int], start: int
+    ) -> Optional[int]:
         continuation = self.intended(prompt, 64)
-        return next(k for k in range(start, 64) if continuation[k - 1] >= 1000)
+        return next((k for k in range(start, 64) if continuation[k - 1] >= 1000), None)
 
     def test_lone_request_speculates_at_predicted_acceptance(self):
         prompt = self.prompts(1, seed=3)[0]
@@ -565,7 +581,10 @@ class SpecV2TreeCorrectnessMixin:
 
     def test_concurrent_mixed_lengths_match(self):
         _, outputs, _ = self.run_mixed_batch(24, seed=5)
-        self.assertTrue(all(plain_step_tokens(o["meta_info"]) == 0 for o in outputs))
+        # Below 0 when the last verify step accepted tokens past max_new_tokens:
+        # spec v2 counts them, the output drops them.
+        plain = [plain_step_tokens(o["meta_info"]) for o in outputs]
+        self.assertTrue(all(n <= 0 for n in plain), f"plain-step tokens: {plain}")
         self.assert_server_alive_and_idle_clean()
 
     def test_logprobs_of_accepted_tokens(self):
@@ -612,6 +631,11 @@ class AdaptiveMixin(SpecV2Mixin):
 
     draft_accept = 0.95
     adaptive_num_steps = 7
+    # At 7 steps a request takes ~2.8x fewer steps than at 3: longer requests
+    # (the synthetic models' context is 512) see as many plain phases.
+    long_request_tokens = 448
+    resumed_request_tokens = 448
+    min_toggles = 12
 
     @classmethod
     def server_args(cls) -> List[str]:

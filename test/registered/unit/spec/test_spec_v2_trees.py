@@ -2,8 +2,8 @@
 
 A verify step of a tree writes its nodes to the KV slots
 ``[seq_len, seq_len + num_draft_tokens)``; the worker then moves the accepted
-path's KV to the front and compacts predict / hidden states the same way
-(speculative/spec_v2_trees.py). These tests run the worker's own code after
+path's KV to the front and gathers predict / hidden states / KV slots of the
+path into the chain layout (speculative/spec_v2_trees.py). These tests run the worker's own code after
 verify, its triton kernels in triton's interpreter, over random trees and
 accepted paths, and check the chain layout that the bonus tokens, draft extend,
 the scheduler's output slicing and the next step's KV reads assume.
@@ -20,8 +20,8 @@ import torch
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 from sglang.srt.speculative import eagle_info_v2
 from sglang.srt.speculative.spec_v2_trees import (
-    compact_accept_to_front,
     finalize_accept_tree_path,
+    gather_accept_path,
     spec_v2_tree_v1_reason,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -30,6 +30,7 @@ from sglang.test.test_utils import CustomTestCase
 register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 NUM_STEPS, TOPK, NUM_DRAFT_TOKENS = 2, 4, 16
+PATH_LEN = NUM_STEPS + 1  # the chain layout after verify, per request
 IN_TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -58,20 +59,12 @@ class KVPool:
         move_kv_cache_native(self.k_buffer, self.v_buffer, tgt_loc, src_loc)
 
 
-class TestCompactAcceptToFront(CustomTestCase):
+class TestGatherAcceptPath(CustomTestCase):
     def test_small_example(self):
         x = torch.arange(8) * 10  # bs 2, 4 nodes each
         accept_index = torch.tensor([[0, 2, 3], [4, 7, -1]])
-        out = compact_accept_to_front(x, accept_index, 4)
-        self.assertEqual(out.tolist(), [0, 20, 30, 30, 40, 70, 0, 70])
-        self.assertEqual(x.tolist(), (torch.arange(8) * 10).tolist())  # not in place
-
-    def test_chain_is_identity(self):
-        x = torch.randn(12, 5)
-        accept_index = torch.tensor([[0, 1, 2, 3], [4, 5, -1, -1], [8, 9, 10, -1]])
-        out = compact_accept_to_front(x, accept_index, 4)
-        for b, n in enumerate([4, 2, 3]):
-            self.assertTrue(torch.equal(out[4 * b : 4 * b + n], x[4 * b : 4 * b + n]))
+        out = gather_accept_path(x, accept_index)
+        self.assertEqual(out.tolist(), [0, 20, 30, 40, 70, 0])
 
     def test_hidden_states_rows_follow_the_path(self):
         rng = random.Random(0)
@@ -80,17 +73,17 @@ class TestCompactAcceptToFront(CustomTestCase):
         accept_index, accept_lens = random_tree_paths(
             rng, bs, NUM_DRAFT_TOKENS, NUM_STEPS
         )
-        out = compact_accept_to_front(x, accept_index, NUM_DRAFT_TOKENS)
-        self.assertEqual(out.shape, x.shape)
+        out = gather_accept_path(x, accept_index)
+        self.assertEqual(out.shape, (bs * PATH_LEN, hidden))
         for b in range(bs):
             for j in range(int(accept_lens[b])):
-                row = out[b * NUM_DRAFT_TOKENS + j]
+                row = out[b * PATH_LEN + j]
                 self.assertTrue(torch.equal(row, x[int(accept_index[b, j])]))
 
 
 @unittest.skipUnless(IN_TRITON_INTERPRETER, "TestVerifyToNextStepLayoutOnCPU runs it")
 class TestVerifyToNextStepLayout(CustomTestCase):
-    """verify -> accept -> bonus tokens -> KV move -> compaction -> scheduler
+    """verify -> accept -> bonus tokens -> KV move -> gather -> scheduler
     slicing -> draft extend inputs, over random trees, through the code the
     worker runs after verify (finalize_accept_tree_path, fill_bonus_tokens)."""
 
@@ -124,29 +117,34 @@ class TestVerifyToNextStepLayout(CustomTestCase):
         eagle_info_v2.fill_bonus_tokens[(bs,)](
             accept_tokens, accept_lens, bonus, accept_index.shape[1]
         )
-        compact_predict, compact_hidden = finalize_accept_tree_path(
+        path_predict, path_hidden, path_cache_loc = finalize_accept_tree_path(
             req_to_token, pool, batch, accept_index, accept_lens, predict, hidden
         )
+        self.assertEqual(path_predict.shape, (bs * PATH_LEN,))
+        self.assertEqual(path_hidden.shape, (bs * PATH_LEN, 3))
 
         for b in range(bs):
             n, base = int(accept_lens[b]), int(seq_lens[b])
             path = accept_index[b, :n].long()
+            rows = slice(b * PATH_LEN, b * PATH_LEN + n)
             # The bonus token: the last accepted prediction.
             self.assertEqual(int(bonus[b]), int(predict[path[-1]]))
             # Target KV of positions [seq_len, seq_len + n): the accepted nodes.
             slots = req_to_token[b, base : base + n].long()
             self.assertEqual(pool.k_buffer[0][slots].tolist(), path.tolist())
-            # Scheduler slicing (stride num_draft_tokens): the accepted tokens.
-            sliced = compact_predict[b * ndt : b * ndt + n]
-            self.assertEqual(sliced.tolist(), predict[path].tolist())
-            self.assertEqual(int(sliced[-1]), int(bonus[b]))
-            # Draft extend: select_index = b * ndt + n - 1 reads the last
-            # accepted node's hidden state; rows j < n are the path's.
-            select = b * ndt + n - 1
-            self.assertTrue(torch.equal(compact_hidden[select], hidden[path[-1]]))
-            self.assertTrue(
-                torch.equal(compact_hidden[b * ndt : b * ndt + n], hidden[path])
+            # Scheduler slicing (stride num_steps + 1): the accepted tokens.
+            self.assertEqual(path_predict[rows].tolist(), predict[path].tolist())
+            self.assertEqual(int(path_predict[rows][-1]), int(bonus[b]))
+            # Draft extend over num_steps + 1 tokens per request: its KV slots
+            # are those of positions [seq_len, seq_len + num_steps + 1), its
+            # rows j < n the path's, select_index b * PATH_LEN + n - 1 the last.
+            self.assertEqual(
+                path_cache_loc[b * PATH_LEN : (b + 1) * PATH_LEN].tolist(),
+                req_to_token[b, base : base + PATH_LEN].long().tolist(),
             )
+            self.assertTrue(torch.equal(path_hidden[rows], hidden[path]))
+            select = b * PATH_LEN + n - 1
+            self.assertTrue(torch.equal(path_hidden[select], hidden[path[-1]]))
 
     def test_random_trees(self):
         for seed in range(12):
