@@ -3,8 +3,10 @@
 Real ServerArgs (spec v2: overlap on; topk 1, and draft trees in the *Tree
 classes), real ReqToTokenPool / TokenToKVPoolAllocator / ChunkCache and a real
 prefill; no model, no worker, no GPU. The triton kernel that writes new slots
-into req_to_token is replaced by a reference implementation. Overlap is emulated: the result of step n (accepted
-lengths, kv_committed_len correction) is applied after step n+1 is prepared.
+into req_to_token runs as a reference implementation, and as itself in triton's
+interpreter (TestInTritonInterpreter, a second process). Overlap is emulated:
+the result of step n (accepted lengths, kv_committed_len correction) is applied
+after step n+1 is prepared.
 Checks what prepare_for_decode leaves for the worker on plain steps, that a
 plain step allocates one slot per request and reuses slots a speculative step
 over-allocated, the KV reservation across mode switches, filter/merge with
@@ -41,6 +43,10 @@ from sglang.test.load_aware_worker_fakes import (
 )
 from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
+from sglang.test.triton_interpreter import (
+    IN_TRITON_INTERPRETER,
+    run_in_triton_interpreter,
+)
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
@@ -107,13 +113,14 @@ class SpecV2BatchTestBase(CustomTestCase):
         cls.tmpdir.cleanup()
 
     def setUp(self):
-        patcher = mock.patch.object(
-            spec_utils,
-            "assign_req_to_token_pool_func",
-            reference_assign_req_to_token_pool,
-        )
-        patcher.start()
-        self.addCleanup(patcher.stop)
+        if not IN_TRITON_INTERPRETER:
+            patcher = mock.patch.object(
+                spec_utils,
+                "assign_req_to_token_pool_func",
+                reference_assign_req_to_token_pool,
+            )
+            patcher.start()
+            self.addCleanup(patcher.stop)
         pools = cpu_kv_pools(max_context_len=256, num_kv_tokens=POOL_SIZE)
         self.req_to_token_pool = pools.req_to_token_pool
         self.allocator = pools.allocator
@@ -529,6 +536,14 @@ class TestPlainStepPreparationTree(TreeConfig, TestPlainStepPreparation):
 
 class TestPlainStepWorkerDataflowTree(TreeConfig, TestPlainStepWorkerDataflow):
     pass
+
+
+@unittest.skipIf(IN_TRITON_INTERPRETER, "this process already is the second one")
+class TestInTritonInterpreter(CustomTestCase):
+    """The tests above with spec_utils.assign_req_to_token_pool itself."""
+
+    def test_module_passes_with_the_real_kernel(self):
+        run_in_triton_interpreter(self, __file__)
 
 
 if __name__ == "__main__":

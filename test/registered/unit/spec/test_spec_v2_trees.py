@@ -9,10 +9,7 @@ accepted paths, and check the chain layout that the bonus tokens, draft extend,
 the scheduler's output slicing and the next step's KV reads assume.
 """
 
-import os
 import random
-import subprocess
-import sys
 import unittest
 from types import SimpleNamespace
 
@@ -26,12 +23,15 @@ from sglang.srt.speculative.spec_v2_trees import (
 )
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
+from sglang.test.triton_interpreter import (
+    IN_TRITON_INTERPRETER,
+    run_in_triton_interpreter,
+)
 
 register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 NUM_STEPS, TOPK, NUM_DRAFT_TOKENS = 2, 4, 16
 PATH_LEN = NUM_STEPS + 1  # the chain layout after verify, per request
-IN_TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def random_tree_paths(rng: random.Random, bs: int, ndt: int, num_steps: int):
@@ -152,21 +152,12 @@ class TestVerifyToNextStepLayout(CustomTestCase):
                 self.run_case(seed, bs=1 + seed % 7)
 
 
+@unittest.skipIf(IN_TRITON_INTERPRETER, "this process already is the second one")
 class TestVerifyToNextStepLayoutOnCPU(CustomTestCase):
-    """Runs TestVerifyToNextStepLayout in triton's interpreter, which must be
-    chosen before any kernel is defined: in a fresh process."""
+    """Runs TestVerifyToNextStepLayout in triton's interpreter."""
 
     def test_in_triton_interpreter(self):
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-            + [f"{__file__}::TestVerifyToNextStepLayout"],
-            env={**os.environ, "TRITON_INTERPRET": "1"},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        self.assertEqual(result.returncode, 0, result.stdout[-4000:])
-        self.assertIn("1 passed", result.stdout)
+        run_in_triton_interpreter(self, f"{__file__}::TestVerifyToNextStepLayout")
 
 
 class TestV1Reason(CustomTestCase):
