@@ -4,8 +4,9 @@ Real ServerArgs (spec v2: overlap on, topk 1), real ReqToTokenPool /
 TokenToKVPoolAllocator / ChunkCache and a real prefill; no model, no worker, no
 GPU. The triton kernel that writes new slots into req_to_token runs as a
 reference implementation, and as itself in triton's interpreter
-(TestInTritonInterpreter, a second process). Overlap is emulated: the result of step n (accepted
-lengths, kv_committed_len correction) is applied after step n+1 is prepared.
+(TestInTritonInterpreter, a second process). Overlap is emulated: the result of
+step n (accepted lengths, kv_committed_len correction) is applied after step n+1
+is prepared.
 Checks what prepare_for_decode leaves for the worker on plain steps, that a
 plain step allocates one slot per request and reuses slots a speculative step
 over-allocated, the KV reservation across mode switches, filter/merge with
