@@ -46,7 +46,7 @@ def gather_accept_path(x: torch.Tensor, accept_index: torch.Tensor) -> torch.Ten
     accept_index: ``[bs, num_steps + 1]`` global node indices, -1 padded.
     Returns ``[bs * (num_steps + 1), ...]`` whose row ``b * (num_steps + 1) + j``
     is ``x[accept_index[b, j]]``; padded entries read node 0 (they lie past the
-    accept length and are never read).
+    accept length: their results are never used).
     """
     return x[accept_index.to(torch.int64).clamp(min=0).reshape(-1)]
 

@@ -574,7 +574,7 @@ class TestLoadAwareV2TreeFlashinferEager(
 class SpecV2TreeCorrectnessMixin:
     """Draft trees on the spec-v2 worker without load-aware speculation: every step
     speculates; outputs token-identical to the greedy continuation, acceptance as
-    predicted for the tree (a wrong KV move or compaction after verify shows as wrong
+    predicted for the tree (a wrong KV move or gather after verify shows as wrong
     tokens or a lower accept length)."""
 
     disable_threshold = None
