@@ -149,7 +149,7 @@ class TestBenchSweepResults(CustomTestCase):
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
             await site.start()
-            port = site._server.sockets[0].getsockname()[1]
+            port = runner.addresses[0][1]
             try:
                 prompts = [[i] for i in range(concurrency)]
                 return await self.bench.closed_loop(
