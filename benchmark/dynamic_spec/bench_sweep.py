@@ -135,10 +135,10 @@ def build_configs(
             load_aware("loadaware-topk4", EAGLE3_TREE, {}, "eagle3-topk4"),
             load_aware("loadaware-topk4-v1", EAGLE3_TREE, V1, "eagle3-topk4-v1"),
             load_aware(
-                "loadaware-topk4-full-catch-up",
+                "loadaware-topk4-v1-full-catch-up",
                 EAGLE3_TREE,
-                full_catch_up,
-                "eagle3-topk4",
+                {**V1, **full_catch_up},
+                "eagle3-topk4-v1",
             ),
             Config("upstream-adaptive-topk1", EAGLE3_CHAIN, adaptive, {}),
             # Upstream's adaptive step count while speculating, plain steps under load.

@@ -227,7 +227,7 @@ class TestBenchSweepResults(CustomTestCase):
             "--speculative-disable-batch-threshold 16",
             flags,
         )
-        for name in ("loadaware-topk1", "loadaware-topk4"):
+        for name in ("loadaware-topk1", "loadaware-topk4-v1"):
             kv_only, full = configs[name], configs[f"{name}-full-catch-up"]
             self.assertEqual(
                 full.env, {**kv_only.env, "SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
