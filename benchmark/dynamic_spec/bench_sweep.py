@@ -63,6 +63,7 @@ from sglang.test.spec_engine_utils import (
 from tqdm import tqdm
 
 V1 = {"SGLANG_ENABLE_SPEC_V2": "0"}
+# Warm-up requests are short, whatever output length is measured.
 WARMUP_OUTPUT_LEN = 32
 # The per-point keys of summary.json (the machine-readable results).
 SUMMARY_POINT_KEYS = (
@@ -354,6 +355,17 @@ def config_server_args(args, config: Config, draft: str) -> List[str]:
     return server_args + config.extra_args
 
 
+def warm_up(url: str, prompts: PromptSource, concurrencies: Iterable[int]) -> None:
+    """One short closed loop at each concurrency the measurements will reach, smallest
+    first, so that their batch sizes have run once before any is measured: some eager
+    triton kernels are specialized on the next power of two of the batch and compile
+    on their first launch with a new one."""
+    for concurrency in sorted(set(concurrencies)):
+        asyncio.run(
+            closed_loop(url, prompts.take(concurrency), WARMUP_OUTPUT_LEN, concurrency)
+        )
+
+
 @contextlib.contextmanager
 def serving(
     args,
@@ -361,19 +373,19 @@ def serving(
     target: str,
     draft: str,
     prompts: PromptSource,
+    warmup_concurrencies: Iterable[int],
     log_path: Optional[str] = None,
 ) -> Iterator[Dict[str, Any]]:
-    """A fresh, warmed-up server of a config (the previous one gone, the GPU idle);
-    yields how it was launched. log_path: the server's output (default: ours)."""
+    """A fresh server of a config (the previous one gone, the GPU idle), warmed up at
+    warmup_concurrencies; yields how it was launched. log_path: the server's output
+    (default: ours)."""
     wait_gpu_idle()
     server_args = config_server_args(args, config, draft)
     env = {**config.env, **backend_env(args)}
     with running_server(
         target, server_args, env=env, base_url=args.url, log_path=log_path
     ):
-        # Warm up (kernel JIT, first replays) with short outputs: profile_decode.py
-        # runs long ones.
-        asyncio.run(closed_loop(args.url, prompts.take(8), WARMUP_OUTPUT_LEN, 8))
+        warm_up(args.url, prompts, warmup_concurrencies)
         yield {"server_args": server_args, "env": env}
 
 
@@ -396,7 +408,10 @@ def run_config(
             record["decode_tok_s"] = decode_throughput(log, config.spec is not None)
         save(record)
 
-    with serving(args, config, target, draft, prompts, log_path) as launch:
+    warmup_concurrencies = [*args.concurrency, *args.ramp]
+    with serving(
+        args, config, target, draft, prompts, warmup_concurrencies, log_path
+    ) as launch:
         record = {"config": config.name, **launch, "unique_prompts": True, "points": []}
         state = server_state(args.url)
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]

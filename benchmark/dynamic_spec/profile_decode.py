@@ -90,7 +90,9 @@ def profile_config(
     args, config: bench.Config, target, draft, out_dir: str
 ) -> List[dict]:
     prompts = bench.PromptSource(args.input_len)
-    with bench.serving(args, config, target, draft, prompts) as launch:
+    with bench.serving(
+        args, config, target, draft, prompts, args.concurrency
+    ) as launch:
         profiles = []
         for concurrency in args.concurrency:
             trace = asyncio.run(profile_at(args, config, prompts, concurrency, out_dir))

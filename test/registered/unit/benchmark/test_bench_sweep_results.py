@@ -110,6 +110,20 @@ class TestBenchSweepResults(CustomTestCase):
         same_seed = self.bench.PromptSource(input_len=16).take(8)
         self.assertEqual([tuple(p) for p in same_seed], issued)
 
+    def test_warm_up_runs_each_concurrency_once_smallest_first(self):
+        loops = []
+
+        async def closed_loop(url, prompts, output_len, concurrency):
+            loops.append((len(prompts), output_len, concurrency))
+            return [self.result(0.1, 0.2, output_len) for _ in prompts]
+
+        with mock.patch.object(self.bench, "closed_loop", closed_loop):
+            self.bench.warm_up("u", self.bench.PromptSource(4), [64, 1, 256, 64, 8])
+        short = self.bench.WARMUP_OUTPUT_LEN
+        self.assertEqual(
+            loops, [(c, short, c) for c in (1, 8, 64, 256)], "one full batch per C"
+        )
+
     def test_a_closed_loop_issues_each_prompt_once_at_its_concurrency(self):
         in_flight, issued = [0], []
 
@@ -471,12 +485,17 @@ class TestBenchSweepResults(CustomTestCase):
             return measured[-1]
 
         @contextlib.contextmanager
-        def serving(args, config, target, draft, prompts, log_path):
+        def serving(
+            args, config, target, draft, prompts, warmup_concurrencies, log_path
+        ):
+            self.assertEqual(warmup_concurrencies, [1, 8, 64, 1, 4])
             Path(log_path).write_text("")
             yield {"server_args": [], "env": {}}
 
         state = {"memory_usage": {"token_capacity": 1000}}
-        args = argparse.Namespace(url="u", concurrency=[1, 8, 64], input_len=4)
+        args = argparse.Namespace(
+            url="u", concurrency=[1, 8, 64], ramp=[1, 4], input_len=4
+        )
         config = self.bench.KNOWN_CONFIGS["nospec"]
         with tempfile.TemporaryDirectory() as out_dir, mock.patch.multiple(
             self.bench,
