@@ -117,8 +117,8 @@ def build_configs(
         c.name: c
         for c in [
             Config("nospec", None, [], {}),
-            # The v1 worker (topk > 1) runs without the overlap scheduler: the
-            # reference its plain steps can reach.
+            # The v1 worker (the -v1 configs) runs without the overlap scheduler:
+            # the reference its plain steps can reach.
             Config("nospec-no-overlap", None, ["--disable-overlap-schedule"], {}),
             # Chains and trees (page size 1) run on the spec-v2 overlap worker; the
             # -v1 configs on the v1 worker, which has no overlap scheduler.
