@@ -459,6 +459,11 @@ def decode_throughput(log_lines: Iterable[str], speculative: bool) -> List[dict]
     ]
 
 
+# The benchmark client is one asyncio thread that parses every streamed chunk: near a
+# whole core, it, not the server, sets the pace of the closed loop.
+CLIENT_CPU_SHARE_WARNING = 0.8
+
+
 def closed_loops_for(
     min_seconds: float,
     url: str,
@@ -468,13 +473,15 @@ def closed_loops_for(
     concurrency: int,
 ) -> Tuple[List[RequestResult], float]:
     """Whole closed loops of num_requests new prompts each, repeated until min_seconds
-    have passed: (all results, wall seconds)."""
+    have passed: (all results, wall seconds). The clock runs only while a loop's
+    requests do: drawing the next loop's prompts leaves the server idle."""
     results: List[RequestResult] = []
-    start = time.perf_counter()
+    wall = 0.0
     while True:
         loop_prompts = prompts.take(num_requests)
+        start = time.perf_counter()
         results += asyncio.run(closed_loop(url, loop_prompts, output_len, concurrency))
-        wall = time.perf_counter() - start
+        wall += time.perf_counter() - start
         if wall >= min_seconds:
             return results, wall
 
@@ -484,6 +491,7 @@ def measure_point(
 ) -> dict:
     num = max(args.min_requests, args.requests_per_concurrency * concurrency)
     before = server_state(args.url)
+    cpu_start = time.process_time()
     runs = [
         closed_loops_for(
             args.min_point_seconds,
@@ -495,11 +503,18 @@ def measure_point(
         )
         for _ in range(args.repeats)
     ]
+    client_cpu_share = (time.process_time() - cpu_start) / sum(w for _, w in runs)
+    if client_cpu_share > CLIENT_CPU_SHARE_WARNING:
+        tqdm.write(
+            f"{config.name} C={concurrency}: the client kept {client_cpu_share:.0%} "
+            "of a core busy; it may have limited this point, not the server"
+        )
     point = summarize(runs)
     point.update(
         config=config.name,
         concurrency=concurrency,
         spec_step_share=spec_step_share(config, before, server_state(args.url)),
+        client_cpu_share=client_cpu_share,
     )
     return point
 

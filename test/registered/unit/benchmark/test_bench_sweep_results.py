@@ -92,6 +92,57 @@ class TestBenchSweepResults(CustomTestCase):
             self.bench.closed_loops_for(0, "u", prompts, 1, 8, 1)
             self.assertEqual(len(calls), 1)  # always one whole loop
 
+    def test_drawing_prompts_is_not_timed(self):
+        clock = [0.0]
+
+        async def closed_loop(url, prompts, output_len, concurrency):
+            clock[0] += 0.02
+            return [self.result(0.1, 0.2, output_len) for _ in prompts]
+
+        class SlowPrompts(self.bench.PromptSource):
+            def take(self, num):
+                clock[0] += 1.0
+                return super().take(num)
+
+        fake_time = mock.Mock(perf_counter=lambda: clock[0])
+        with mock.patch.multiple(self.bench, closed_loop=closed_loop, time=fake_time):
+            results, wall = self.bench.closed_loops_for(
+                0.05, "u", SlowPrompts(input_len=4), 2, 8, 2
+            )
+        self.assertEqual(len(results), 6)
+        self.assertAlmostEqual(wall, 0.06)
+
+    def test_a_point_records_how_busy_the_client_was(self):
+        cpu, warnings = [0.0], []
+
+        def closed_loops_for(min_seconds, url, prompts, num, output_len, c):
+            cpu[0] += 1.8  # CPU seconds of a 2 s run
+            return [self.result(0.1, 0.2, output_len)], 2.0
+
+        args = argparse.Namespace(
+            url="u",
+            min_requests=1,
+            requests_per_concurrency=1,
+            min_point_seconds=1,
+            output_len=8,
+            repeats=2,
+        )
+        fake_time = mock.Mock(process_time=lambda: cpu[0])
+        fake_tqdm = mock.Mock(write=warnings.append)
+        with mock.patch.multiple(
+            self.bench,
+            closed_loops_for=closed_loops_for,
+            server_state=lambda url: {},
+            time=fake_time,
+            tqdm=fake_tqdm,
+        ):
+            point = self.bench.measure_point(
+                args, self.bench.KNOWN_CONFIGS["nospec"], None, 4
+            )
+        self.assertAlmostEqual(point["client_cpu_share"], 0.9)
+        self.assertEqual(len(warnings), 1)
+        self.assertIn("nospec C=4: the client kept 90% of a core busy", warnings[0])
+
     def test_every_request_of_a_run_gets_a_new_prompt(self):
         loops = []
 
