@@ -813,8 +813,30 @@ def suggested_thresholds(records: List[dict]) -> str:
             advice = "no speculation was as fast at every C: speculation does not pay"
         else:
             advice = f"no speculation is as fast from C={c} on: disable threshold {c}"
+        gain = ramp_gain_of_switching(by_name["nospec"], by_name[name])
+        if gain is not None:
+            advice += (
+                f"; the faster of the two in each ramp phase would give {gain:.2f}x"
+                " the better of them on the ramp"
+            )
         lines.append(f"- {name}: {advice}\n")
     return "".join(lines)
+
+
+def ramp_gain_of_switching(nospec: dict, always_on: dict) -> Optional[float]:
+    """What a server running the faster of the two configs in every ramp phase would
+    gain over the better of them on the whole ramp, estimated from their points at the
+    phases' concurrencies (phases last equally long). It bounds the ramp target of a
+    load-aware config only as far as closed loops at a fixed C stand for the phases.
+    None: no ramp, or a phase's concurrency was not measured."""
+    if not finished(nospec):
+        return None
+    phases = [phase["concurrency"] for phase in nospec["ramp"]["phases"]]
+    by_c = [output_tok_s_by_c(nospec), output_tok_s_by_c(always_on)]
+    if not phases or any(c not in r for r in by_c for c in phases):
+        return None
+    faster_each_phase = sum(max(r[c] for r in by_c) for c in phases)
+    return faster_each_phase / max(sum(r[c] for c in phases) for r in by_c)
 
 
 def plot(records: List[dict], path: str, title: str) -> None:

@@ -454,6 +454,21 @@ class TestBenchSweepResults(CustomTestCase):
             "speculation does not pay", self.bench.suggested_thresholds([nospec, spec])
         )
 
+    def test_ramp_gain_of_switching_takes_the_faster_config_per_phase(self):
+        nospec, spec = self.record("nospec", 100.0), self.record("eagle3-topk1", 0.0)
+        spec["points"][0]["output_tok_s"] = 300.0  # C=1; nospec: 100
+        spec["points"][1]["output_tok_s"] = 400.0  # C=8; nospec: 800
+        nospec["ramp"]["phases"] = [{"concurrency": c} for c in (1, 8, 1)]
+        # Per phase: 300 + 800 + 300 against 1000 for either config alone.
+        self.assertAlmostEqual(self.bench.ramp_gain_of_switching(nospec, spec), 1.4)
+        self.assertIn(
+            "disable threshold 8; the faster of the two in each ramp phase would give"
+            " 1.40x the better of them on the ramp",
+            self.bench.suggested_thresholds([nospec, spec]),
+        )
+        nospec["ramp"]["phases"].append({"concurrency": 4})  # not measured
+        self.assertIsNone(self.bench.ramp_gain_of_switching(nospec, spec))
+
     def test_decode_throughput_from_the_server_log(self):
         def decode(bs, tok_s, spec=None):
             mode = f"spec: {spec}, " if spec else ""
