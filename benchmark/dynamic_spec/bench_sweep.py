@@ -192,17 +192,18 @@ async def one_request(
         "stream": True,
     }
     start = time.perf_counter()
-    ttft, meta = None, {}
+    ttft, last = None, b""
     async with session.post(f"{url}/generate", json=payload) as response:
         response.raise_for_status()
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
+        # The last chunk's meta_info holds the request's totals: parse only that one.
+        async for line in response.content:
+            if not line.startswith(b"data:") or line.startswith(b"data: [DONE]"):
                 continue
             if ttft is None:
                 ttft = time.perf_counter() - start
-            meta = json.loads(line[5:])["meta_info"]
+            last = line
     end = time.perf_counter()
+    meta = json.loads(last[5:])["meta_info"]
     return RequestResult(
         ttft=ttft or end - start,
         latency=end - start,

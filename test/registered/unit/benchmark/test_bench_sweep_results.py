@@ -227,6 +227,39 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(len(results), concurrency)
         self.assertEqual(peak[0], concurrency)
 
+    def test_a_request_times_its_first_chunk_and_counts_from_its_last(self):
+        gap = 0.1
+
+        async def generate(request):
+            response = web.StreamResponse()
+            await response.prepare(request)
+            for n in (1, 2, 3):
+                meta = {"completion_tokens": n, "spec_verify_ct": n - 1}
+                chunk = {"output_ids": list(range(n)), "meta_info": meta}
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await asyncio.sleep(gap)
+            await response.write(b"data: [DONE]\n\n")
+            return response
+
+        async def serve_and_request():
+            app = web.Application()
+            app.router.add_post("/generate", generate)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            try:
+                async with self.bench.client_session() as session:
+                    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+                    return await self.bench.one_request(session, url, [1, 2], 3)
+            finally:
+                await runner.cleanup()
+
+        result = asyncio.run(serve_and_request())
+        self.assertEqual((result.output_tokens, result.verify_ct), (3, 2))
+        self.assertLess(result.ttft, gap)
+        self.assertGreaterEqual(result.latency, 3 * gap)
+
     def test_the_ramp_changes_concurrency_without_draining_between_phases(self):
         in_flight, events = [0], []  # (time, "start" | "end", requests in flight)
 
