@@ -203,9 +203,14 @@ async def one_request(
                 ttft = time.perf_counter() - start
             last = line
     end = time.perf_counter()
-    meta = json.loads(last[5:])["meta_info"]
+    if not last:
+        raise RuntimeError(f"{url}/generate streamed no output")
+    chunk = json.loads(last[5:])
+    if "error" in chunk:
+        raise RuntimeError(f"{url}/generate: {chunk['error']['message']}")
+    meta = chunk["meta_info"]
     return RequestResult(
-        ttft=ttft or end - start,
+        ttft=ttft,
         latency=end - start,
         output_tokens=meta["completion_tokens"],
         verify_ct=meta.get("spec_verify_ct", 0),
@@ -460,7 +465,7 @@ def decode_throughput(log_lines: Iterable[str], speculative: bool) -> List[dict]
     ]
 
 
-# The benchmark client is one asyncio thread that parses every streamed chunk: near a
+# The benchmark client is one asyncio thread that reads every streamed chunk: near a
 # whole core, it, not the server, sets the pace of the closed loop.
 CLIENT_CPU_SHARE_WARNING = 0.8
 
@@ -472,19 +477,21 @@ def closed_loops_for(
     num_requests: int,
     output_len: int,
     concurrency: int,
-) -> Tuple[List[RequestResult], float]:
+) -> Tuple[List[RequestResult], float, float]:
     """Whole closed loops of num_requests new prompts each, repeated until min_seconds
-    have passed: (all results, wall seconds). The clock runs only while a loop's
-    requests do: drawing the next loop's prompts leaves the server idle."""
+    have passed: (all results, wall seconds, the client's CPU seconds). The clocks run
+    only while a loop's requests do: drawing the next loop's prompts leaves the server
+    idle."""
     results: List[RequestResult] = []
-    wall = 0.0
+    wall = cpu = 0.0
     while True:
         loop_prompts = prompts.take(num_requests)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         results += asyncio.run(closed_loop(url, loop_prompts, output_len, concurrency))
         wall += time.perf_counter() - start
+        cpu += time.process_time() - cpu_start
         if wall >= min_seconds:
-            return results, wall
+            return results, wall, cpu
 
 
 def measure_point(
@@ -492,7 +499,6 @@ def measure_point(
 ) -> dict:
     num = max(args.min_requests, args.requests_per_concurrency * concurrency)
     before = server_state(args.url)
-    cpu_start = time.process_time()
     runs = [
         closed_loops_for(
             args.min_point_seconds,
@@ -504,13 +510,13 @@ def measure_point(
         )
         for _ in range(args.repeats)
     ]
-    client_cpu_share = (time.process_time() - cpu_start) / sum(w for _, w in runs)
+    client_cpu_share = sum(cpu for *_, cpu in runs) / sum(w for _, w, _ in runs)
     if client_cpu_share > CLIENT_CPU_SHARE_WARNING:
         tqdm.write(
             f"{config.name} C={concurrency}: the client kept {client_cpu_share:.0%} "
             "of a core busy; it may have limited this point, not the server"
         )
-    point = summarize(runs)
+    point = summarize([(results, wall) for results, wall, _ in runs])
     point.update(
         config=config.name,
         concurrency=concurrency,
@@ -827,9 +833,9 @@ def suggested_thresholds(records: List[dict]) -> str:
 def ramp_gain_of_switching(nospec: dict, always_on: dict) -> Optional[float]:
     """What a server running the faster of the two configs in every ramp phase would
     gain over the better of them on the whole ramp, estimated from their points at the
-    phases' concurrencies (phases last equally long). It bounds the ramp target of a
-    load-aware config only as far as closed loops at a fixed C stand for the phases.
-    None: no ramp, or a phase's concurrency was not measured."""
+    phases' concurrencies (phases last equally long); an estimate, since a ramp phase
+    is not a steady closed loop at its C. None: no ramp, or a phase's concurrency was
+    not measured."""
     if not finished(nospec):
         return None
     phases = [phase["concurrency"] for phase in nospec["ramp"]["phases"]]
@@ -837,7 +843,8 @@ def ramp_gain_of_switching(nospec: dict, always_on: dict) -> Optional[float]:
     if not phases or any(c not in r for r in by_c for c in phases):
         return None
     faster_each_phase = sum(max(r[c] for r in by_c) for c in phases)
-    return faster_each_phase / max(sum(r[c] for c in phases) for r in by_c)
+    better_static = max(sum(r[c] for c in phases) for r in by_c)
+    return faster_each_phase / better_static if better_static else None
 
 
 def plot(records: List[dict], path: str, title: str) -> None:

@@ -12,6 +12,7 @@ import tempfile
 import time
 import unittest
 from pathlib import Path
+from typing import List
 from unittest import mock
 
 from aiohttp import web
@@ -80,10 +81,10 @@ class TestBenchSweepResults(CustomTestCase):
             clock[0] += 0.02  # each loop takes 20 ms
             return [self.result(0.1, 0.2, output_len) for _ in prompts]
 
-        fake_time = mock.Mock(perf_counter=lambda: clock[0])
+        fake_time = mock.Mock(perf_counter=lambda: clock[0], process_time=lambda: 0.0)
         prompts = self.bench.PromptSource(input_len=4)
         with mock.patch.multiple(self.bench, closed_loop=closed_loop, time=fake_time):
-            results, wall = self.bench.closed_loops_for(0.05, "u", prompts, 2, 8, 2)
+            results, wall, _ = self.bench.closed_loops_for(0.05, "u", prompts, 2, 8, 2)
             self.assertEqual(len(calls), 3)
             self.assertAlmostEqual(wall, 0.06)
             self.assertEqual(set(calls), {("u", 2, 8, 2)})
@@ -93,31 +94,35 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(len(calls), 1)  # always one whole loop
 
     def test_drawing_prompts_is_not_timed(self):
-        clock = [0.0]
+        clock, cpu = [0.0], [0.0]
 
         async def closed_loop(url, prompts, output_len, concurrency):
             clock[0] += 0.02
+            cpu[0] += 0.01
             return [self.result(0.1, 0.2, output_len) for _ in prompts]
 
         class SlowPrompts(self.bench.PromptSource):
             def take(self, num):
                 clock[0] += 1.0
+                cpu[0] += 1.0
                 return super().take(num)
 
-        fake_time = mock.Mock(perf_counter=lambda: clock[0])
+        fake_time = mock.Mock(
+            perf_counter=lambda: clock[0], process_time=lambda: cpu[0]
+        )
         with mock.patch.multiple(self.bench, closed_loop=closed_loop, time=fake_time):
-            results, wall = self.bench.closed_loops_for(
+            results, wall, client_cpu = self.bench.closed_loops_for(
                 0.05, "u", SlowPrompts(input_len=4), 2, 8, 2
             )
         self.assertEqual(len(results), 6)
         self.assertAlmostEqual(wall, 0.06)
+        self.assertAlmostEqual(client_cpu, 0.03)
 
     def test_a_point_records_how_busy_the_client_was(self):
-        cpu, warnings = [0.0], []
+        client_cpu, warnings = [1.8, 1.8], []  # CPU seconds of each 2 s run
 
         def closed_loops_for(min_seconds, url, prompts, num, output_len, c):
-            cpu[0] += 1.8  # CPU seconds of a 2 s run
-            return [self.result(0.1, 0.2, output_len)], 2.0
+            return [self.result(0.1, 0.2, output_len)], 2.0, client_cpu.pop()
 
         args = argparse.Namespace(
             url="u",
@@ -127,21 +132,21 @@ class TestBenchSweepResults(CustomTestCase):
             output_len=8,
             repeats=2,
         )
-        fake_time = mock.Mock(process_time=lambda: cpu[0])
-        fake_tqdm = mock.Mock(write=warnings.append)
+        nospec = self.bench.KNOWN_CONFIGS["nospec"]
         with mock.patch.multiple(
             self.bench,
             closed_loops_for=closed_loops_for,
             server_state=lambda url: {},
-            time=fake_time,
-            tqdm=fake_tqdm,
+            tqdm=mock.Mock(write=warnings.append),
         ):
-            point = self.bench.measure_point(
-                args, self.bench.KNOWN_CONFIGS["nospec"], None, 4
-            )
-        self.assertAlmostEqual(point["client_cpu_share"], 0.9)
-        self.assertEqual(len(warnings), 1)
-        self.assertIn("nospec C=4: the client kept 90% of a core busy", warnings[0])
+            point = self.bench.measure_point(args, nospec, None, 4)
+            self.assertAlmostEqual(point["client_cpu_share"], 0.9)
+            self.assertEqual(len(warnings), 1)
+            self.assertIn("nospec C=4: the client kept 90% of a core busy", warnings[0])
+            client_cpu[:] = [1.0, 1.0]
+            point = self.bench.measure_point(args, nospec, None, 4)
+            self.assertAlmostEqual(point["client_cpu_share"], 0.5)
+            self.assertEqual(len(warnings), 1)
 
     def test_every_request_of_a_run_gets_a_new_prompt(self):
         loops = []
@@ -227,15 +232,13 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(len(results), concurrency)
         self.assertEqual(peak[0], concurrency)
 
-    def test_a_request_times_its_first_chunk_and_counts_from_its_last(self):
-        gap = 0.1
+    def stream_one_request(self, chunks: List[dict], gap: float):
+        """one_request against a server streaming chunks gap seconds apart."""
 
         async def generate(request):
             response = web.StreamResponse()
             await response.prepare(request)
-            for n in (1, 2, 3):
-                meta = {"completion_tokens": n, "spec_verify_ct": n - 1}
-                chunk = {"output_ids": list(range(n)), "meta_info": meta}
+            for chunk in chunks:
                 await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 await asyncio.sleep(gap)
             await response.write(b"data: [DONE]\n\n")
@@ -246,8 +249,7 @@ class TestBenchSweepResults(CustomTestCase):
             app.router.add_post("/generate", generate)
             runner = web.AppRunner(app)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
             try:
                 async with self.bench.client_session() as session:
                     url = f"http://127.0.0.1:{runner.addresses[0][1]}"
@@ -255,10 +257,27 @@ class TestBenchSweepResults(CustomTestCase):
             finally:
                 await runner.cleanup()
 
-        result = asyncio.run(serve_and_request())
+        return asyncio.run(serve_and_request())
+
+    def test_a_request_times_its_first_chunk_and_counts_from_its_last(self):
+        gap = 0.1
+        chunks = [
+            {
+                "output_ids": list(range(n)),
+                "meta_info": {"completion_tokens": n, "spec_verify_ct": n - 1},
+            }
+            for n in (1, 2, 3)
+        ]
+        result = self.stream_one_request(chunks, gap)
         self.assertEqual((result.output_tokens, result.verify_ct), (3, 2))
-        self.assertLess(result.ttft, gap)
-        self.assertGreaterEqual(result.latency, 3 * gap)
+        self.assertGreaterEqual(result.latency - result.ttft, 3 * gap - 0.01)
+
+    def test_a_request_without_output_fails_clearly(self):
+        with self.assertRaisesRegex(RuntimeError, "streamed no output"):
+            self.stream_one_request([], 0)
+        error = {"error": {"message": "prompt too long"}}
+        with self.assertRaisesRegex(RuntimeError, "/generate: prompt too long"):
+            self.stream_one_request([error], 0)
 
     def test_the_ramp_changes_concurrency_without_draining_between_phases(self):
         in_flight, events = [0], []  # (time, "start" | "end", requests in flight)
