@@ -198,6 +198,22 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(sorted(p for p, _ in issued), list(range(5)))
         self.assertEqual(max(n for _, n in issued), 2)
 
+    def against_server(self, generate, load):
+        """Runs load(url) against a local server whose /generate is generate."""
+
+        async def serve_and_load():
+            app = web.Application()
+            app.router.add_post("/generate", generate)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
+            try:
+                return await load(f"http://127.0.0.1:{runner.addresses[0][1]}")
+            finally:
+                await runner.cleanup()
+
+        return asyncio.run(serve_and_load())
+
     def test_a_closed_loop_keeps_more_than_a_hundred_requests_in_flight(self):
         concurrency, in_flight, peak = 150, [0], [0]
 
@@ -212,23 +228,11 @@ class TestBenchSweepResults(CustomTestCase):
             in_flight[0] -= 1
             return response
 
-        async def serve_and_load():
-            app = web.Application()
-            app.router.add_post("/generate", generate)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-            await site.start()
-            port = runner.addresses[0][1]
-            try:
-                prompts = [[i] for i in range(concurrency)]
-                return await self.bench.closed_loop(
-                    f"http://127.0.0.1:{port}", prompts, 8, concurrency
-                )
-            finally:
-                await runner.cleanup()
-
-        results = asyncio.run(serve_and_load())
+        prompts = [[i] for i in range(concurrency)]
+        results = self.against_server(
+            generate,
+            lambda url: self.bench.closed_loop(url, prompts, 8, concurrency),
+        )
         self.assertEqual(len(results), concurrency)
         self.assertEqual(peak[0], concurrency)
 
@@ -244,20 +248,11 @@ class TestBenchSweepResults(CustomTestCase):
             await response.write(b"data: [DONE]\n\n")
             return response
 
-        async def serve_and_request():
-            app = web.Application()
-            app.router.add_post("/generate", generate)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            try:
-                async with self.bench.client_session() as session:
-                    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-                    return await self.bench.one_request(session, url, [1, 2], 3)
-            finally:
-                await runner.cleanup()
+        async def request(url):
+            async with self.bench.client_session() as session:
+                return await self.bench.one_request(session, url, [1, 2], 3)
 
-        return asyncio.run(serve_and_request())
+        return self.against_server(generate, request)
 
     def test_a_request_times_its_first_chunk_and_counts_from_its_last(self):
         gap = 0.1
