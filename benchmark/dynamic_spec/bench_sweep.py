@@ -510,7 +510,7 @@ def measure_point(
         )
         for _ in range(args.repeats)
     ]
-    client_cpu_share = sum(cpu for *_, cpu in runs) / sum(w for _, w, _ in runs)
+    client_cpu_share = sum(cpu for _, _, cpu in runs) / sum(w for _, w, _ in runs)
     if client_cpu_share > CLIENT_CPU_SHARE_WARNING:
         tqdm.write(
             f"{config.name} C={concurrency}: the client kept {client_cpu_share:.0%} "
