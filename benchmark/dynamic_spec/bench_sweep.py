@@ -19,6 +19,10 @@ to OUT_DIR/<date>-<model>-tpN/.
 Usage:
   python benchmark/dynamic_spec/bench_sweep.py --preset llama8b --draft-accept 0.95
       --configs nospec,eagle3-topk4,loadaware-topk4 --concurrency 1,2,4,8,16,32,64,128,256
+      --disable-threshold-for loadaware-topk4=suggested
+
+(`suggested`: the load-aware config gets the threshold from which no speculation stays as
+fast as its always-on reference, from the records of the two configs run before it.)
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
+    Union,
 )
 
 import aiohttp
@@ -63,6 +68,8 @@ from sglang.test.spec_engine_utils import (
 from tqdm import tqdm
 
 V1 = {"SGLANG_ENABLE_SPEC_V2": "0"}
+# --disable-threshold-for CONFIG=suggested: the threshold the static configs' records suggest.
+SUGGESTED = "suggested"
 # Warm-up requests are short, whatever output length is measured.
 WARMUP_OUTPUT_LEN = 32
 # The per-point keys of summary.json (the machine-readable results).
@@ -805,6 +812,17 @@ def crossover_concurrency(nospec: dict, always_on: dict) -> Optional[int]:
     return crossover
 
 
+def suggested_threshold(nospec: dict, always_on: dict) -> Tuple[Optional[int], str]:
+    """The disable threshold the two static configs' points suggest (None: none
+    does), and why."""
+    c = crossover_concurrency(nospec, always_on)
+    if c is None:
+        return None, "speculation was faster at the largest C measured"
+    if c == min(p["concurrency"] for p in always_on["points"]):
+        return None, "no speculation was as fast at every C: speculation does not pay"
+    return c, f"no speculation is as fast from C={c} on: disable threshold {c}"
+
+
 def suggested_thresholds(records: List[dict]) -> str:
     by_name = {r["config"]: r for r in records}
     if "nospec" not in by_name:
@@ -813,13 +831,7 @@ def suggested_thresholds(records: List[dict]) -> str:
     for name in sorted({c.always_on for c in KNOWN_CONFIGS.values() if c.load_aware}):
         if name not in by_name:
             continue
-        c = crossover_concurrency(by_name["nospec"], by_name[name])
-        if c is None:
-            advice = "speculation was faster at the largest C measured"
-        elif c == min(p["concurrency"] for p in by_name[name]["points"]):
-            advice = "no speculation was as fast at every C: speculation does not pay"
-        else:
-            advice = f"no speculation is as fast from C={c} on: disable threshold {c}"
+        _, advice = suggested_threshold(by_name["nospec"], by_name[name])
         gain = ramp_gain_of_switching(by_name["nospec"], by_name[name])
         if gain is not None:
             advice += (
@@ -905,18 +917,23 @@ def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dic
     order = list(KNOWN_CONFIGS)
     with open(os.path.join(out_dir, "raw.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        raw_path = os.path.join(out_dir, "raw.json")
-        records = {}
-        if os.path.exists(raw_path):
-            with open(raw_path) as f:
-                records = {r["config"]: r for r in json.load(f)["records"]}
+        records = records_by_config(out_dir)
         older = records.get(record["config"])
         if finished(record) or not finished(older):
             records[record["config"]] = {**record, **header}
         merged = sorted(records.values(), key=lambda r: order.index(r["config"]))
-        with open(raw_path, "w") as f:
+        with open(os.path.join(out_dir, "raw.json"), "w") as f:
             json.dump({"model": header["model"], "records": merged}, f, indent=1)
     return merged
+
+
+def records_by_config(out_dir: str) -> Dict[str, dict]:
+    """The records in out_dir's raw.json by config name ({} before the first)."""
+    raw_path = os.path.join(out_dir, "raw.json")
+    if not os.path.exists(raw_path):
+        return {}
+    with open(raw_path) as f:
+        return {r["config"]: r for r in json.load(f)["records"]}
 
 
 def record_saver(out_dir: str, header: Dict[str, str]) -> Callable[[dict], None]:
@@ -977,12 +994,16 @@ def write_results(out_dir: str, records: List[dict]) -> None:
     plot(records, os.path.join(out_dir, "throughput.png"), title)
 
 
-def config_threshold(text: str) -> Tuple[str, int]:
+def config_threshold(text: str) -> Tuple[str, Union[int, str]]:
     name, _, value = text.partition("=")
+    if value == SUGGESTED:
+        return name, value
     try:
         return name, int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected CONFIG=N, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected CONFIG=N or CONFIG={SUGGESTED}, got {text!r}"
+        )
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -1014,7 +1035,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="CONFIG=N",
-        help="the threshold of one load-aware config (repeatable), e.g. loadaware-topk1=48",
+        help="the threshold of one load-aware config (repeatable), e.g. loadaware-topk1=48; "
+        f"N={SUGGESTED}: where no speculation catches up with the config's always-on "
+        "reference, from their finished records in the results directory (measure them "
+        "first, e.g. earlier in --configs)",
     )
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=128)
@@ -1038,8 +1062,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def selected_configs(args) -> List[Config]:
+    """The configs to run; those with a suggested threshold get theirs from
+    with_suggested_threshold, right before they run."""
     per_config = dict(args.disable_threshold_for)
-    configs = build_configs(args.disable_threshold, per_config)
+    configs = build_configs(
+        args.disable_threshold,
+        {name: n for name, n in per_config.items() if n != SUGGESTED},
+    )
     not_load_aware = [
         n for n in per_config if n not in configs or not configs[n].load_aware
     ]
@@ -1050,6 +1079,28 @@ def selected_configs(args) -> List[Config]:
     if unknown:
         sys.exit(f"unknown configs {sorted(unknown)}; known: {list(configs)}")
     return [configs[name] for name in names]
+
+
+def with_suggested_threshold(args, config: Config) -> Config:
+    """config, with the disable threshold that the records of no speculation and of
+    its always-on reference suggest if it was given as CONFIG=suggested; exits when
+    they are not measured yet or suggest none."""
+    if dict(args.disable_threshold_for).get(config.name) != SUGGESTED:
+        return config
+    flag = f"--disable-threshold-for {config.name}={SUGGESTED}"
+    out_dir = results_dir(args)
+    records = records_by_config(out_dir)
+    references = ["nospec", config.always_on]
+    missing = [n for n in references if not finished(records.get(n))]
+    if missing:
+        sys.exit(
+            f"{flag}: no finished record of {missing} in {out_dir}; measure them first"
+        )
+    threshold, why = suggested_threshold(*(records[n] for n in references))
+    if threshold is None:
+        sys.exit(f"{flag}: {why}")
+    print(f"{config.name}: {why}", flush=True)
+    return build_configs(args.disable_threshold, {config.name: threshold})[config.name]
 
 
 def model_name(args) -> str:
@@ -1099,6 +1150,7 @@ def main() -> None:
     out_dir = results_dir(args)
     save = record_saver(out_dir, header)
     for config in configs:
+        config = with_suggested_threshold(args, config)
         run_config(args, config, target, draft, os.path.join(out_dir, "logs"), save)
         print(f"{config.name}: results in {out_dir}", flush=True)
 

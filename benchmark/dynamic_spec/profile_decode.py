@@ -146,6 +146,7 @@ def main() -> None:
     out_dir = bench.results_dir(args)
     profiles = []
     for config in configs:
+        config = bench.with_suggested_threshold(args, config)
         profiles += profile_config(args, config, target, draft, out_dir)
         write_profiles(out_dir, f"profiles{workload_suffix(args)}", profiles)
         print(f"{config.name}: profiles in {out_dir}", flush=True)

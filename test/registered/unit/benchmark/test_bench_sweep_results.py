@@ -502,9 +502,7 @@ class TestBenchSweepResults(CustomTestCase):
         )
 
     def test_ramp_gain_of_switching_takes_the_faster_config_per_phase(self):
-        nospec, spec = self.record("nospec", 100.0), self.record("eagle3-topk1", 0.0)
-        spec["points"][0]["output_tok_s"] = 300.0  # C=1; nospec: 100
-        spec["points"][1]["output_tok_s"] = 400.0  # C=8; nospec: 800
+        nospec, spec = self.crossing_at_8()
         nospec["ramp"]["phases"] = [{"concurrency": c} for c in (1, 8, 1)]
         # Per phase: 300 + 800 + 300 against 1000 for either config alone.
         self.assertAlmostEqual(self.bench.ramp_gain_of_switching(nospec, spec), 1.4)
@@ -515,6 +513,70 @@ class TestBenchSweepResults(CustomTestCase):
         )
         nospec["ramp"]["phases"].append({"concurrency": 4})  # not measured
         self.assertIsNone(self.bench.ramp_gain_of_switching(nospec, spec))
+
+    def crossing_at_8(self) -> List[dict]:
+        """nospec and eagle3-topk1 records where speculation pays at C=1 only."""
+        nospec, spec = self.record("nospec", 100.0), self.record("eagle3-topk1", 0.0)
+        spec["points"][0]["output_tok_s"] = 300.0  # C=1; nospec: 100
+        spec["points"][1]["output_tok_s"] = 400.0  # C=8; nospec: 800
+        return [nospec, spec]
+
+    def sweep_args(self, out_dir: str, *flags: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        self.bench.add_server_args(parser)
+        return parser.parse_args(["--out-dir", out_dir, "--results-date", "d", *flags])
+
+    def test_a_suggested_threshold_comes_from_the_static_records(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            args = self.sweep_args(
+                out_dir,
+                "--configs",
+                "nospec,loadaware-topk1",
+                "--disable-threshold-for",
+                "loadaware-topk1=suggested",
+            )
+            nospec, load_aware = self.bench.selected_configs(args)
+            self.assertIs(self.bench.with_suggested_threshold(args, nospec), nospec)
+            with self.assertRaisesRegex(SystemExit, "eagle3-topk1.*measure them first"):
+                self.bench.with_suggested_threshold(args, load_aware)
+            results = self.bench.results_dir(args)
+            for record in self.crossing_at_8():
+                self.merge(results, record)
+            resolved = self.bench.with_suggested_threshold(args, load_aware)
+            self.assertEqual(
+                resolved.extra_args, ["--speculative-disable-batch-threshold", "8"]
+            )
+            faster_everywhere = self.record("eagle3-topk1", 1000.0)
+            self.merge(results, faster_everywhere)
+            with self.assertRaisesRegex(SystemExit, "speculation was faster"):
+                self.bench.with_suggested_threshold(args, load_aware)
+
+    def test_a_sweep_suggests_the_threshold_from_the_configs_it_ran_first(self):
+        """main() resolves a suggested threshold only when that config's turn comes."""
+        static = {r["config"]: r for r in self.crossing_at_8()}
+        thresholds = {}
+
+        def run_config(args, config, target, draft, log_dir, save):
+            if config.load_aware:
+                thresholds[config.name] = self.bench.disable_threshold_of(
+                    {"server_args": config.extra_args}
+                )
+            else:
+                save(static[config.name])
+
+        with tempfile.TemporaryDirectory() as out_dir, contextlib.ExitStack() as stack:
+            argv = ["bench_sweep.py", "--out-dir", out_dir, "--results-date", "d"]
+            argv += ["--configs", "nospec,eagle3-topk1,loadaware-topk1"]
+            argv += ["--disable-threshold-for", "loadaware-topk1=suggested"]
+            for name, value in [
+                ("synthetic_pair", lambda *_: ("/t", "/d")),
+                ("describe_run", lambda model: self.header("abc")),
+                ("run_config", run_config),
+            ]:
+                stack.enter_context(mock.patch.object(self.bench, name, value))
+            stack.enter_context(mock.patch.object(sys, "argv", argv))
+            self.bench.main()
+        self.assertEqual(thresholds, {"loadaware-topk1": 8})
 
     def test_decode_throughput_from_the_server_log(self):
         def decode(bs, tok_s, spec=None):
