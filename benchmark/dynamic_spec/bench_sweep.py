@@ -911,12 +911,9 @@ def results_dir(args) -> str:
 
 def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dict]:
     """Add a config's record to raw.json, replacing an older record of it unless
-    that one is finished and this one is not; returns all records, in config order.
-    Locked: invocations on other GPUs may write too."""
-    os.makedirs(out_dir, exist_ok=True)
+    that one is finished and this one is not; returns all records, in config order."""
     order = list(KNOWN_CONFIGS)
-    with open(os.path.join(out_dir, "raw.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with results_lock(out_dir):
         records = records_by_config(out_dir)
         older = records.get(record["config"])
         if finished(record) or not finished(older):
@@ -927,8 +924,18 @@ def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dic
     return merged
 
 
+@contextlib.contextmanager
+def results_lock(out_dir: str) -> Iterator[None]:
+    """Held while reading or writing raw.json: invocations on other GPUs may write it."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "raw.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def records_by_config(out_dir: str) -> Dict[str, dict]:
-    """The records in out_dir's raw.json by config name ({} before the first)."""
+    """The records in out_dir's raw.json by config name ({} before the first);
+    under results_lock."""
     raw_path = os.path.join(out_dir, "raw.json")
     if not os.path.exists(raw_path):
         return {}
@@ -1089,7 +1096,8 @@ def with_suggested_threshold(args, config: Config) -> Config:
         return config
     flag = f"--disable-threshold-for {config.name}={SUGGESTED}"
     out_dir = results_dir(args)
-    records = records_by_config(out_dir)
+    with results_lock(out_dir):
+        records = records_by_config(out_dir)
     references = ["nospec", config.always_on]
     missing = [n for n in references if not finished(records.get(n))]
     if missing:
