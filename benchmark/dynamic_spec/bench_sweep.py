@@ -571,21 +571,46 @@ async def ramp_loop(
 
 def run_ramp(args, config: Config, prompts: PromptSource) -> dict:
     """Concurrency rising then falling in phases of fixed duration, with no drain
-    between phases: total and per-phase tok/s (each request counted in the phase it
-    finished in; the last phase includes the final drain)."""
+    between phases, args.repeats times: the median total and per-phase tok/s over
+    the runs, and the spread of the total."""
     phases = args.ramp + args.ramp[-2::-1]
     before = server_state(args.url)
+    runs = [
+        ramp_rates(args, config, prompts, phases, run) for run in range(args.repeats)
+    ]
+    totals = sorted(total for total, _ in runs)
+    return {
+        "config": config.name,
+        "output_tok_s": statistics.median(totals),
+        "output_tok_s_min": totals[0],
+        "output_tok_s_max": totals[-1],
+        "phases": [
+            {
+                "concurrency": concurrency,
+                "output_tok_s": statistics.median(rates[i] for _, rates in runs),
+            }
+            for i, concurrency in enumerate(phases)
+        ],
+        "spec_step_share": spec_step_share(config, before, server_state(args.url)),
+    }
+
+
+def ramp_rates(
+    args, config: Config, prompts: PromptSource, phases: List[int], run: int
+) -> Tuple[float, List[float]]:
+    """One ramp: total and per-phase output tok/s (each request counted in the phase it
+    finished in; the last phase includes the final drain)."""
     results, bounds = asyncio.run(
         ramp_loop(
             args.url,
             prompts,
             args.output_len,
-            tqdm(phases, desc=f"{config.name} ramp"),
+            tqdm(phases, desc=f"{config.name} ramp {run + 1}/{args.repeats}"),
             args.ramp_phase_seconds,
         )
     )
     per_phase = []
-    for i, concurrency in enumerate(phases):
+    for i in range(len(phases)):
         start, end = bounds[i], bounds[i + 1]
         last = i == len(phases) - 1
         tokens = sum(
@@ -593,22 +618,20 @@ def run_ramp(args, config: Config, prompts: PromptSource) -> dict:
             for r in results
             if start <= r.finished_at and (last or r.finished_at < end)
         )
-        per_phase.append(
-            {"concurrency": concurrency, "output_tok_s": tokens / (end - start)}
-        )
-    return {
-        "config": config.name,
-        "output_tok_s": sum(r.output_tokens for r in results)
-        / (bounds[-1] - bounds[0]),
-        "phases": per_phase,
-        "spec_step_share": spec_step_share(config, before, server_state(args.url)),
-    }
+        per_phase.append(tokens / (end - start))
+    total = sum(r.output_tokens for r in results) / (bounds[-1] - bounds[0])
+    return total, per_phase
+
+
+def rate_with_spread(measured: dict) -> str:
+    """Median output tok/s, with [min-max] where repeats differed."""
+    low, high = measured.get("output_tok_s_min"), measured.get("output_tok_s_max")
+    spread = f" [{low:.0f}-{high:.0f}]" if low is not None and high > low else ""
+    return f"{measured['output_tok_s']:.0f}{spread}"
 
 
 def markdown_cell(point: dict) -> str:
-    low, high = point.get("output_tok_s_min"), point.get("output_tok_s_max")
-    spread = f" [{low:.0f}-{high:.0f}]" if low is not None and high > low else ""
-    return f"{point['output_tok_s']:.0f}{spread} ({point['spec_step_share']:.0%} spec)"
+    return f"{rate_with_spread(point)} ({point['spec_step_share']:.0%} spec)"
 
 
 def markdown_table(records: List[dict]) -> str:
@@ -622,7 +645,7 @@ def markdown_table(records: List[dict]) -> str:
     for record in records:
         by_c = {p["concurrency"]: p for p in record["points"]}
         cells = [markdown_cell(by_c[c]) if c in by_c else "-" for c in concurrency]
-        ramp = f"{record['ramp']['output_tok_s']:.0f}" if finished(record) else "-"
+        ramp = rate_with_spread(record["ramp"]) if finished(record) else "-"
         lines.append(
             f"| {record['config']} | {record['kv_capacity_tokens']} | {ramp} | "
             + " | ".join(cells)
@@ -1130,7 +1153,10 @@ def parse_args() -> argparse.Namespace:
         help="repeat a point's requests until it has run this long (short points are noisy)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=1, help="measurements per point (median, spread)"
+        "--repeats",
+        type=int,
+        default=1,
+        help="measurements per point and of the ramp (median, spread)",
     )
     parser.add_argument(
         "--ramp",

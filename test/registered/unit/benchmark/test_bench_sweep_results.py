@@ -305,6 +305,43 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertGreaterEqual(min(ends), 1)
         self.assertEqual(len(results), sum(kind == "end" for _, kind, _ in events))
 
+    def test_a_repeated_ramp_reports_medians_and_the_spread_of_its_total(self):
+        # Phases 1 -> 4 -> 1 of 1 s; run k finishes 10k / 20k / 30k tokens in them.
+        scales = iter([1, 3, 2])
+
+        async def ramp_loop(url, prompts, output_len, phases, phase_seconds):
+            k = next(scales)
+            results = [
+                self.bench.RequestResult(0.1, 0.2, tokens * k, 0, 0, finished_at)
+                for tokens, finished_at in ((10, 0.5), (20, 1.5), (30, 2.5))
+            ]
+            return results, [0.0, 1.0, 2.0, 3.0]
+
+        args = argparse.Namespace(
+            url="u", ramp=[1, 4], repeats=3, output_len=8, ramp_phase_seconds=1.0
+        )
+        config = self.bench.KNOWN_CONFIGS["nospec"]
+        with mock.patch.multiple(
+            self.bench,
+            ramp_loop=ramp_loop,
+            server_state=lambda url: {},
+            spec_step_share=lambda config, before, after: 0.0,
+            tqdm=lambda items, desc: items,
+        ):
+            ramp = self.bench.run_ramp(args, config, prompts=None)
+        self.assertEqual(
+            (ramp["output_tok_s"], ramp["output_tok_s_min"], ramp["output_tok_s_max"]),
+            (40.0, 20.0, 60.0),
+        )
+        self.assertEqual(
+            [(p["concurrency"], p["output_tok_s"]) for p in ramp["phases"]],
+            [(1, 20.0), (4, 40.0), (1, 60.0)],
+        )
+        self.assertIn(
+            " | 40 [20-60] | ",
+            self.bench.markdown_table([{**self.record("nospec", 100.0), "ramp": ramp}]),
+        )
+
     def test_records_of_repeated_prompts_are_named(self):
         old, new = self.record("nospec", 100.0), self.record("eagle3-topk1", 90.0)
         new["unique_prompts"] = True
