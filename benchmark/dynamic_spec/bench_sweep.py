@@ -30,11 +30,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
 import fcntl
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -1134,6 +1136,15 @@ def with_suggested_threshold(args, config: Config) -> Config:
     return build_configs(args.disable_threshold, {config.name: threshold})[config.name]
 
 
+def generated_pair(preset: str, draft_accept: float) -> Tuple[str, str]:
+    """synthetic_pair, generated in a child process where missing: generating on the
+    GPU leaves a CUDA context (~0.5 GB) in the process that did it, which the servers
+    started next would then lose from their KV pool."""
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
+        return child.submit(synthetic_pair, preset, draft_accept).result()
+
+
 def model_name(args) -> str:
     tp = f"-tp{args.tp_size}" if args.tp_size > 1 else ""
     return f"{args.preset}-p{args.draft_accept}{tp}"
@@ -1179,7 +1190,7 @@ def main() -> None:
             write_results(args.render, json.load(f)["records"])
         return
     configs = selected_configs(args)
-    target, draft = synthetic_pair(args.preset, args.draft_accept)
+    target, draft = generated_pair(args.preset, args.draft_accept)
     header = describe_run(model_name(args))
     out_dir = results_dir(args)
     save = record_saver(out_dir, header)

@@ -142,7 +142,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     configs = bench.selected_configs(args)
-    target, draft = bench.synthetic_pair(args.preset, args.draft_accept)
+    target, draft = bench.generated_pair(args.preset, args.draft_accept)
     out_dir = bench.results_dir(args)
     profiles = []
     for config in configs:

@@ -18,6 +18,7 @@ from unittest import mock
 from aiohttp import web
 
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.spec_engine_utils import synthetic_pair
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
@@ -342,6 +343,19 @@ class TestBenchSweepResults(CustomTestCase):
             self.bench.markdown_table([{**self.record("nospec", 100.0), "ramp": ramp}]),
         )
 
+    def test_the_benchmark_generates_its_pair_in_a_child_process(self):
+        with tempfile.TemporaryDirectory() as root, mock.patch.dict(
+            os.environ, {"SGLANG_SYNTHETIC_MODELS_DIR": root}
+        ):
+            with mock.patch(
+                "sglang.test.synthetic_spec_models.generate",
+                side_effect=AssertionError("generated in the benchmark's process"),
+            ):
+                pair = self.bench.generated_pair("tiny", 0.8)
+            for path in pair:
+                self.assertTrue(os.path.isfile(os.path.join(path, "config.json")))
+            self.assertEqual(pair, synthetic_pair("tiny", 0.8))
+
     def test_records_of_repeated_prompts_are_named(self):
         old, new = self.record("nospec", 100.0), self.record("eagle3-topk1", 90.0)
         new["unique_prompts"] = True
@@ -606,7 +620,7 @@ class TestBenchSweepResults(CustomTestCase):
             argv += ["--configs", "nospec,eagle3-topk1,loadaware-topk1"]
             argv += ["--disable-threshold-for", "loadaware-topk1=suggested"]
             for name, value in [
-                ("synthetic_pair", lambda *_: ("/t", "/d")),
+                ("generated_pair", lambda *_: ("/t", "/d")),
                 ("describe_run", lambda model: self.header("abc")),
                 ("run_config", run_config),
             ]:
