@@ -36,6 +36,7 @@ import dataclasses
 import datetime
 import fcntl
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -275,12 +276,22 @@ def percentile(values: List[float], q: float) -> float:
     )
 
 
-def summarize(runs: List[Tuple[List[RequestResult], float]]) -> Dict[str, Any]:
-    """Statistics of one point measured len(runs) times: (results, wall seconds) per run.
-    Throughput is the median run (with the min and max); latencies and acceptance pool
-    all requests."""
-    results = [r for run, _ in runs for r in run]
-    rates = sorted(sum(r.output_tokens for r in run) / wall for run, wall in runs)
+@dataclasses.dataclass
+class Run:
+    """One measurement of a point: the requests whose latencies it reports, and the
+    output tokens it counted over its wall-clock seconds."""
+
+    results: List[RequestResult]
+    tokens: float
+    wall: float
+    client_cpu: float  # the benchmark's CPU seconds meanwhile
+
+
+def summarize(runs: List[Run]) -> Dict[str, Any]:
+    """Statistics of one point measured len(runs) times. Throughput is the median run
+    (with the min and max); latencies and acceptance pool all requests."""
+    results = [r for run in runs for r in run.results]
+    rates = sorted(run.tokens / run.wall for run in runs)
     tpots = [
         (r.latency - r.ttft) / (r.output_tokens - 1)
         for r in results
@@ -486,11 +497,10 @@ def closed_loops_for(
     num_requests: int,
     output_len: int,
     concurrency: int,
-) -> Tuple[List[RequestResult], float, float]:
+) -> Run:
     """Whole closed loops of num_requests new prompts each, repeated until min_seconds
-    have passed: (all results, wall seconds, the client's CPU seconds). The clocks run
-    only while a loop's requests do: drawing the next loop's prompts leaves the server
-    idle."""
+    have passed. The clocks run only while a loop's requests do: drawing the next
+    loop's prompts leaves the server idle."""
     results: List[RequestResult] = []
     wall = cpu = 0.0
     while True:
@@ -500,7 +510,77 @@ def closed_loops_for(
         wall += time.perf_counter() - start
         cpu += time.process_time() - cpu_start
         if wall >= min_seconds:
-            return results, wall, cpu
+            return Run(results, sum(r.output_tokens for r in results), wall, cpu)
+
+
+async def steady_loop(
+    url: str,
+    prompts: Iterable[List[int]],
+    output_len: int,
+    concurrency: int,
+    window_seconds: float,
+) -> Run:
+    """A closed loop that does not run in waves: client i of C first generates
+    ceil(output_len * (i + 1) / C) tokens, so its later requests, all of output_len,
+    finish spread over a request's duration instead of together, and the loop never
+    drains until the end. The window opens once every client has finished its first
+    request and lasts window_seconds; it counts the output tokens generated inside it
+    and the latencies of the requests that finished inside it."""
+    prompts = iter(prompts)
+    timed: List[RequestResult] = []
+    staggered, closing = 0, False
+    async with client_session() as session:
+
+        async def client(slot: int) -> None:
+            nonlocal staggered
+            first_len = math.ceil(output_len * (slot + 1) / concurrency)
+            await one_request(session, url, next(prompts), first_len)
+            staggered += 1
+            if staggered == concurrency:
+                window_open.set()
+            while not closing:
+                timed.append(await one_request(session, url, next(prompts), output_len))
+
+        window_open = asyncio.Event()
+        clients = [asyncio.create_task(client(slot)) for slot in range(concurrency)]
+        opened = asyncio.create_task(window_open.wait())
+        await asyncio.wait([opened, *clients], return_when=asyncio.FIRST_COMPLETED)
+        if not opened.done():
+            await asyncio.gather(*clients)  # a client failed: raise its error
+        start, cpu_start = time.perf_counter(), time.process_time()
+        await asyncio.sleep(window_seconds)
+        end, cpu = time.perf_counter(), time.process_time() - cpu_start
+        closing = True
+        await asyncio.gather(*clients)
+    return Run(
+        [r for r in timed if start <= r.finished_at < end],
+        sum(tokens_in_window(r, start, end) for r in timed),
+        end - start,
+        cpu,
+    )
+
+
+def tokens_in_window(result: RequestResult, start: float, end: float) -> float:
+    """The output tokens of a request generated in [start, end): its first at its first
+    token, the others spread evenly until it finished."""
+    first = result.finished_at - result.latency + result.ttft
+    tokens = float(start <= first < end)
+    if result.output_tokens > 1 and result.finished_at > first:
+        overlap = max(0.0, min(end, result.finished_at) - max(start, first))
+        tokens += (result.output_tokens - 1) * overlap / (result.finished_at - first)
+    return tokens
+
+
+def measure_run(args, prompts: PromptSource, num: int, concurrency: int) -> Run:
+    if args.steady:
+        return asyncio.run(
+            steady_loop(
+                args.url, prompts, args.output_len, concurrency, args.min_point_seconds
+            )
+        )
+    return closed_loops_for(
+        args.min_point_seconds, args.url, prompts, num, args.output_len, concurrency
+    )
 
 
 def measure_point(
@@ -508,24 +588,14 @@ def measure_point(
 ) -> dict:
     num = max(args.min_requests, args.requests_per_concurrency * concurrency)
     before = server_state(args.url)
-    runs = [
-        closed_loops_for(
-            args.min_point_seconds,
-            args.url,
-            prompts,
-            num,
-            args.output_len,
-            concurrency,
-        )
-        for _ in range(args.repeats)
-    ]
-    client_cpu_share = sum(cpu for _, _, cpu in runs) / sum(w for _, w, _ in runs)
+    runs = [measure_run(args, prompts, num, concurrency) for _ in range(args.repeats)]
+    client_cpu_share = sum(r.client_cpu for r in runs) / sum(r.wall for r in runs)
     if client_cpu_share > CLIENT_CPU_SHARE_WARNING:
         tqdm.write(
             f"{config.name} C={concurrency}: the client kept {client_cpu_share:.0%} "
             "of a core busy; it may have limited this point, not the server"
         )
-    point = summarize([(results, wall) for results, wall, _ in runs])
+    point = summarize(runs)
     point.update(
         config=config.name,
         concurrency=concurrency,
@@ -1162,6 +1232,13 @@ def parse_args() -> argparse.Namespace:
         type=float,
         default=10.0,
         help="repeat a point's requests until it has run this long (short points are noisy)",
+    )
+    parser.add_argument(
+        "--steady",
+        action="store_true",
+        help="measure each point in one closed loop whose requests finish spread out "
+        "rather than in waves (staggered first requests, no drain), counting the "
+        "tokens generated in a window of --min-point-seconds",
     )
     parser.add_argument(
         "--repeats",

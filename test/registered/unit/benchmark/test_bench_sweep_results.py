@@ -52,21 +52,29 @@ class TestBenchSweepResults(CustomTestCase):
     def result(self, ttft, latency, tokens, verify=0, correct=0):
         return self.bench.RequestResult(ttft, latency, tokens, verify, correct, latency)
 
+    def closed_run(self, results, wall, client_cpu=0.0):
+        tokens = sum(r.output_tokens for r in results)
+        return self.bench.Run(results, tokens, wall, client_cpu)
+
     def test_summarize_counts_speculative_steps_only(self):
         results = [
             self.result(0.1, 1.1, 11, verify=4, correct=4),
             self.result(0.2, 2.2, 21),
         ]
-        point = self.bench.summarize([(results, 2.0)])
+        point = self.bench.summarize([self.closed_run(results, 2.0)])
         self.assertAlmostEqual(point["output_tok_s"], 16.0)
         self.assertAlmostEqual(point["tpot_p50_ms"], 100.0)
         self.assertAlmostEqual(point["accept_length"], 2.0)
-        no_spec = self.bench.summarize([([self.result(0.1, 1.1, 11)], 1.0)])
+        no_spec = self.bench.summarize(
+            [self.closed_run([self.result(0.1, 1.1, 11)], 1.0)]
+        )
         self.assertIsNone(no_spec["accept_length"])
 
     def test_repeats_give_the_median_and_spread_of_throughput(self):
         run = [self.result(0.1, 1.1, 10)]
-        point = self.bench.summarize([(run, 1.0), (run, 2.0), (run, 0.5)])
+        point = self.bench.summarize(
+            [self.closed_run(run, wall) for wall in (1.0, 2.0, 0.5)]
+        )
         self.assertEqual(point["num_requests"], 3)
         self.assertAlmostEqual(point["output_tok_s"], 10.0)
         self.assertAlmostEqual(point["output_tok_s_min"], 5.0)
@@ -85,11 +93,12 @@ class TestBenchSweepResults(CustomTestCase):
         fake_time = mock.Mock(perf_counter=lambda: clock[0], process_time=lambda: 0.0)
         prompts = self.bench.PromptSource(input_len=4)
         with mock.patch.multiple(self.bench, closed_loop=closed_loop, time=fake_time):
-            results, wall, _ = self.bench.closed_loops_for(0.05, "u", prompts, 2, 8, 2)
+            run = self.bench.closed_loops_for(0.05, "u", prompts, 2, 8, 2)
             self.assertEqual(len(calls), 3)
-            self.assertAlmostEqual(wall, 0.06)
+            self.assertAlmostEqual(run.wall, 0.06)
             self.assertEqual(set(calls), {("u", 2, 8, 2)})
-            self.assertEqual(len(results), 2 * len(calls))
+            self.assertEqual(len(run.results), 2 * len(calls))
+            self.assertEqual(run.tokens, 8 * len(run.results))
             calls.clear()
             self.bench.closed_loops_for(0, "u", prompts, 1, 8, 1)
             self.assertEqual(len(calls), 1)  # always one whole loop
@@ -112,18 +121,20 @@ class TestBenchSweepResults(CustomTestCase):
             perf_counter=lambda: clock[0], process_time=lambda: cpu[0]
         )
         with mock.patch.multiple(self.bench, closed_loop=closed_loop, time=fake_time):
-            results, wall, client_cpu = self.bench.closed_loops_for(
+            run = self.bench.closed_loops_for(
                 0.05, "u", SlowPrompts(input_len=4), 2, 8, 2
             )
-        self.assertEqual(len(results), 6)
-        self.assertAlmostEqual(wall, 0.06)
-        self.assertAlmostEqual(client_cpu, 0.03)
+        self.assertEqual(len(run.results), 6)
+        self.assertAlmostEqual(run.wall, 0.06)
+        self.assertAlmostEqual(run.client_cpu, 0.03)
 
     def test_a_point_records_how_busy_the_client_was(self):
         client_cpu, warnings = [1.8, 1.8], []  # CPU seconds of each 2 s run
 
         def closed_loops_for(min_seconds, url, prompts, num, output_len, c):
-            return [self.result(0.1, 0.2, output_len)], 2.0, client_cpu.pop()
+            return self.closed_run(
+                [self.result(0.1, 0.2, output_len)], 2.0, client_cpu.pop()
+            )
 
         args = argparse.Namespace(
             url="u",
@@ -132,6 +143,7 @@ class TestBenchSweepResults(CustomTestCase):
             min_point_seconds=1,
             output_len=8,
             repeats=2,
+            steady=False,
         )
         nospec = self.bench.KNOWN_CONFIGS["nospec"]
         with mock.patch.multiple(
@@ -305,6 +317,44 @@ class TestBenchSweepResults(CustomTestCase):
         ends = [n for t, kind, n in events if kind == "end" and t < stop]
         self.assertGreaterEqual(min(ends), 1)
         self.assertEqual(len(results), sum(kind == "end" for _, kind, _ in events))
+
+    def test_a_request_splits_its_tokens_across_windows_by_time(self):
+        # First token at t=1, ten more evenly until t=11.
+        request = self.bench.RequestResult(1.0, 11.0, 11, 0, 0, 11.0)
+        before, after = (
+            self.bench.tokens_in_window(request, *window)
+            for window in [(0.0, 6.0), (6.0, 16.0)]
+        )
+        self.assertAlmostEqual(before, 6.0)
+        self.assertAlmostEqual(after, 5.0)
+
+    def test_a_steady_loop_spreads_its_requests_instead_of_running_in_waves(self):
+        # A stand-in server decoding every request at one token per `step` seconds.
+        step, output_len, concurrency = 0.01, 8, 4
+        lengths = []
+
+        async def one_request(session, url, prompt, output_len):
+            lengths.append(output_len)
+            start = time.perf_counter()
+            await asyncio.sleep(step * output_len)
+            end = time.perf_counter()
+            return self.bench.RequestResult(step, end - start, output_len, 0, 0, end)
+
+        prompts = self.bench.PromptSource(input_len=4)
+        with mock.patch.object(self.bench, "one_request", one_request):
+            run = asyncio.run(
+                self.bench.steady_loop("u", prompts, output_len, concurrency, 0.4)
+            )
+        self.assertEqual(sorted(lengths[:concurrency]), [2, 4, 6, 8])
+        self.assertTrue(all(r.output_tokens == output_len for r in run.results))
+        # Each client delivers a token per step; waves would deliver the same rate.
+        self.assertAlmostEqual(run.tokens / run.wall, concurrency / step, delta=60)
+        # A wave would finish all four together, every 8 steps; spread out, one
+        # finishes about every 2.
+        finishes = sorted(r.finished_at for r in run.results)
+        gaps = [b - a for a, b in zip(finishes, finishes[1:])]
+        self.assertGreater(len(finishes), 12)
+        self.assertLess(max(gaps), 5 * step)
 
     def test_a_repeated_ramp_reports_medians_and_the_spread_of_its_total(self):
         # Phases 1 -> 4 -> 1 of 1 s; run k finishes 10k / 20k / 30k tokens in them.
