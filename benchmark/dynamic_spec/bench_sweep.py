@@ -287,11 +287,20 @@ class Run:
     client_cpu: float  # the benchmark's CPU seconds meanwhile
 
 
+def median_with_spread(rates: Iterable[float]) -> Dict[str, float]:
+    """The median of repeated output tok/s measurements, with their min and max."""
+    ordered = sorted(rates)
+    return {
+        "output_tok_s": statistics.median(ordered),
+        "output_tok_s_min": ordered[0],
+        "output_tok_s_max": ordered[-1],
+    }
+
+
 def summarize(runs: List[Run]) -> Dict[str, Any]:
     """Statistics of one point measured len(runs) times. Throughput is the median run
     (with the min and max); latencies and acceptance pool all requests."""
     results = [r for run in runs for r in run.results]
-    rates = sorted(run.tokens / run.wall for run in runs)
     tpots = [
         (r.latency - r.ttft) / (r.output_tokens - 1)
         for r in results
@@ -300,9 +309,7 @@ def summarize(runs: List[Run]) -> Dict[str, Any]:
     verify = sum(r.verify_ct for r in results)
     return {
         "num_requests": len(results),
-        "output_tok_s": statistics.median(rates),
-        "output_tok_s_min": rates[0],
-        "output_tok_s_max": rates[-1],
+        **median_with_spread(run.tokens / run.wall for run in runs),
         "tpot_p50_ms": 1000 * percentile(tpots, 0.5),
         "tpot_p99_ms": 1000 * percentile(tpots, 0.99),
         "ttft_p50_ms": 1000 * percentile([r.ttft for r in results], 0.5),
@@ -650,12 +657,9 @@ def run_ramp(args, config: Config, prompts: PromptSource) -> dict:
     runs = [
         ramp_rates(args, config, prompts, phases, run) for run in range(args.repeats)
     ]
-    totals = sorted(total for total, _ in runs)
     return {
         "config": config.name,
-        "output_tok_s": statistics.median(totals),
-        "output_tok_s_min": totals[0],
-        "output_tok_s_max": totals[-1],
+        **median_with_spread(total for total, _ in runs),
         "phases": [
             {
                 "concurrency": concurrency,
