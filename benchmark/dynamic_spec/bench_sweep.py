@@ -133,6 +133,14 @@ def build_configs(
             # Chains and trees (page size 1) run on the spec-v2 overlap worker; the
             # -v1 configs on the v1 worker, which has no overlap scheduler.
             Config("eagle3-topk1", EAGLE3_CHAIN, [], {}),
+            # The target's prefill run eagerly, as on EAGLE servers before the piecewise
+            # CUDA graphs served prefills that capture every token's hidden states.
+            Config(
+                "eagle3-topk1-eager-prefill",
+                EAGLE3_CHAIN,
+                ["--disable-piecewise-cuda-graph"],
+                {},
+            ),
             Config("eagle3-topk4", EAGLE3_TREE, [], {}),
             Config("eagle3-topk4-v1", EAGLE3_TREE, [], V1),
             load_aware("loadaware-topk1", EAGLE3_CHAIN, {}, "eagle3-topk1"),
