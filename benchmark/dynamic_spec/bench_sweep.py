@@ -996,10 +996,12 @@ def plot(records: List[dict], path: str, title: str) -> None:
 
 
 def git_commit() -> str:
-    result = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True
-    )
-    return result.stdout.strip() if result.returncode == 0 else "unknown"
+    """HEAD, marked "-dirty" when tracked files differ from it: the code that ran is not HEAD's."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown"
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode != 0
+    return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def describe_run(model: str) -> Dict[str, str]:

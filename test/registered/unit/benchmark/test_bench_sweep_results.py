@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -405,6 +406,18 @@ class TestBenchSweepResults(CustomTestCase):
             for path in pair:
                 self.assertTrue(os.path.isfile(os.path.join(path, "config.json")))
             self.assertEqual(pair, synthetic_pair("tiny", 0.8))
+
+    def test_the_recorded_commit_says_when_the_code_that_ran_is_not_heads(self):
+        with tempfile.TemporaryDirectory() as repo, contextlib.chdir(repo):
+            git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+            subprocess.run(git + ["init", "-q"], check=True)
+            Path("bench.py").write_text("a")
+            subprocess.run(git + ["add", "bench.py"], check=True)
+            subprocess.run(git + ["commit", "-qm", "a"], check=True)
+            head = self.bench.git_commit()
+            Path("bench.py").write_text("b")
+            self.assertRegex(head, "^[0-9a-f]{40}$")
+            self.assertEqual(self.bench.git_commit(), head + "-dirty")
 
     def test_records_of_repeated_prompts_are_named(self):
         old, new = self.record("nospec", 100.0), self.record("eagle3-topk1", 90.0)
