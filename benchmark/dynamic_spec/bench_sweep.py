@@ -133,8 +133,8 @@ def build_configs(
             # Chains and trees (page size 1) run on the spec-v2 overlap worker; the
             # -v1 configs on the v1 worker, which has no overlap scheduler.
             Config("eagle3-topk1", EAGLE3_CHAIN, [], {}),
-            # The target's prefill run eagerly, as on EAGLE servers before the piecewise
-            # CUDA graphs served prefills that capture every token's hidden states.
+            # The target's prefill without piecewise CUDA graphs, as every EAGLE server
+            # ran it before patch 0021.
             Config(
                 "eagle3-topk1-eager-prefill",
                 EAGLE3_CHAIN,
