@@ -4,7 +4,7 @@ Speculation (EAGLE / EAGLE-3, draft trees included) pays off when the running
 decode batch is small and costs throughput when it is large. A speculative
 server with ``--speculative-disable-batch-threshold N`` therefore decides once
 per decode step whether to speculate or to run a plain decode step (one token
-per request, the same forward as a server without speculation):
+per request, the forward of a server without speculation):
 
 * plain as soon as the running decode batch size ``bs >= N``;
 * speculative again once ``bs <= M`` (``--speculative-enable-batch-threshold``,
@@ -12,28 +12,27 @@ per request, the same forward as a server without speculation):
   ``--speculative-load-aware-min-dwell-steps`` decode steps;
 * in between (``M < bs < N``) the current mode is kept (hysteresis).
 
-Speculation therefore only ever runs at ``bs < N``; verify CUDA graphs are only
-needed for those batch sizes.
+Upstream's ``--speculative-adaptive`` picks the number of draft steps per
+batch-size tier; a tier at 0 draft steps runs the same plain step. With both,
+the thresholds decide whether a step may speculate and the adaptive tiers how
+many draft steps it runs; the adaptive acceptance average learns from
+speculative steps only.
 
-Everything in this module is pure Python (no torch): the decision is a function
-of the sequence of batch sizes, which is identical on every TP rank, so every
-rank reaches the same decision without any communication. Further signals
-(acceptance, measured step costs) can be added as inputs of ``decide`` later, as
-long as they are rank-identical too.
-
-On the spec-v2 worker the policy composes with upstream's
-``--speculative-adaptive``: the policy decides whether a step speculates, the
-adaptive controller how many draft steps a speculative step runs. Its
-acceptance average learns from speculative steps only and holds still while
-steps are plain.
+The decision is taken in ``Scheduler.update_running_batch``, before the decode
+memory check, so that the step's KV reservation follows it
+(``decode_kv_reserve``). Its inputs (the sequence of batch sizes, and the
+adaptive tiers, which move with the acceptance every rank observes) are
+identical on every TP rank, so every rank reaches the same decision without
+any communication.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional
 
 if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -41,11 +40,18 @@ logger = logging.getLogger(__name__)
 DEFAULT_MIN_DWELL_STEPS = 8
 
 # Decision reasons (usable as a small, fixed metric label set).
-REASON_LOW_LOAD = "low_load"  # speculate: bs <= enable threshold
+REASON_LOW_LOAD = "low_load"  # speculate: bs <= enable threshold (or no threshold)
 REASON_HYSTERESIS = "hysteresis"  # keep the current mode: M < bs < N
 REASON_HIGH_LOAD = "high_load"  # plain: bs >= disable threshold
 REASON_DWELL = "dwell"  # plain: bs <= M but the minimum dwell has not elapsed
-DECISION_REASONS = (REASON_LOW_LOAD, REASON_HYSTERESIS, REASON_HIGH_LOAD, REASON_DWELL)
+REASON_ZERO_DRAFT_STEPS = "zero_draft_steps"  # plain: the adaptive tier runs 0 steps
+DECISION_REASONS = (
+    REASON_LOW_LOAD,
+    REASON_HYSTERESIS,
+    REASON_HIGH_LOAD,
+    REASON_DWELL,
+    REASON_ZERO_DRAFT_STEPS,
+)
 
 
 def default_enable_batch_threshold(disable_batch_threshold: int) -> int:
@@ -72,15 +78,21 @@ class SpecPolicy:
 
     Starts speculating. Call ``decide`` exactly once per decode step with the
     running decode batch size of that step; the call advances the state.
+
+    disable_batch_threshold: N, or None for no threshold (only the adaptive
+    tiers' zero draft steps make a step plain);
+    zero_draft_steps: whether the adaptive tier of a batch size runs 0 draft
+    steps (None without ``--speculative-adaptive``).
     """
 
     def __init__(
         self,
-        disable_batch_threshold: int,
+        disable_batch_threshold: Optional[int],
         enable_batch_threshold: Optional[int] = None,
         min_dwell_steps: int = DEFAULT_MIN_DWELL_STEPS,
+        zero_draft_steps: Optional[Callable[[int], bool]] = None,
     ):
-        if enable_batch_threshold is None:
+        if disable_batch_threshold is not None and enable_batch_threshold is None:
             enable_batch_threshold = default_enable_batch_threshold(
                 disable_batch_threshold
             )
@@ -93,24 +105,37 @@ class SpecPolicy:
         self.disable_batch_threshold = disable_batch_threshold
         self.enable_batch_threshold = enable_batch_threshold
         self.min_dwell_steps = min_dwell_steps
+        self.zero_draft_steps = zero_draft_steps
 
-        self._speculating = True
-        # Decode steps taken in the current mode, including the step that
-        # entered it.
+        # The thresholds' own mode (hysteresis and dwell apply to it) and the
+        # number of decode steps it has lasted, including the step that entered it.
+        self._threshold_speculating = True
         self._steps_in_mode = 0
+        self._speculating = True
         self.num_toggles = 0
         self.num_spec_steps = 0
         self.num_plain_steps = 0
 
     @classmethod
-    def from_server_args(cls, server_args: ServerArgs) -> Optional["SpecPolicy"]:
-        """The policy of a load-aware server, or None when the feature is off."""
+    def from_server_args(
+        cls, server_args: ServerArgs, worker: Any = None
+    ) -> Optional["SpecPolicy"]:
+        """The policy of a speculative server whose decode steps can be plain,
+        or None. worker: the speculative worker (its adaptive controller, if any,
+        gives the tiers' step counts)."""
+        adaptive = getattr(worker, "adaptive_controller", None)
+        zero_draft_steps = None
+        if adaptive is not None and 0 in adaptive.candidate_steps:
+            params = adaptive.params
+            zero_draft_steps = lambda bs: params.get_steps_for_batch(bs) == 0
         if server_args.speculative_disable_batch_threshold is None:
-            return None
+            if zero_draft_steps is None:
+                return None
         return cls(
             disable_batch_threshold=server_args.speculative_disable_batch_threshold,
             enable_batch_threshold=server_args.speculative_enable_batch_threshold,
             min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
+            zero_draft_steps=zero_draft_steps,
         )
 
     @property
@@ -122,37 +147,53 @@ class SpecPolicy:
         """Decide the mode of the next decode step and advance the state."""
         if batch_size < 0:
             raise ValueError(f"batch_size must be >= 0, got {batch_size}")
-
-        if batch_size >= self.disable_batch_threshold:
-            speculate, reason = False, REASON_HIGH_LOAD
-        elif batch_size > self.enable_batch_threshold:
-            speculate, reason = self._speculating, REASON_HYSTERESIS
-        elif self._speculating or self._steps_in_mode >= self.min_dwell_steps:
-            speculate, reason = True, REASON_LOW_LOAD
-        else:
-            speculate, reason = False, REASON_DWELL
+        speculate, reason = self._decide_by_thresholds(batch_size)
+        if speculate and self.zero_draft_steps is not None:
+            if self.zero_draft_steps(batch_size):
+                speculate, reason = False, REASON_ZERO_DRAFT_STEPS
 
         toggled = speculate != self._speculating
         if toggled:
             # One line per switch and rank: with TP, the ranks' lines must agree.
             logger.info(
-                "Load-aware speculation: %s from decode step %d (running batch %d).",
+                "Load-aware speculation: %s from decode step %d (running batch %d, %s).",
                 "speculative" if speculate else "plain",
                 self.num_spec_steps + self.num_plain_steps,
                 batch_size,
+                reason,
             )
             self._speculating = speculate
-            self._steps_in_mode = 0
             self.num_toggles += 1
-        self._steps_in_mode += 1
         if speculate:
             self.num_spec_steps += 1
         else:
             self.num_plain_steps += 1
         return SpecDecision(speculate=speculate, reason=reason, toggled=toggled)
 
+    def _decide_by_thresholds(self, batch_size: int):
+        if self.disable_batch_threshold is None:
+            return True, REASON_LOW_LOAD
+        if batch_size >= self.disable_batch_threshold:
+            speculate, reason = False, REASON_HIGH_LOAD
+        elif batch_size > self.enable_batch_threshold:
+            speculate, reason = self._threshold_speculating, REASON_HYSTERESIS
+        elif self._threshold_speculating or self._steps_in_mode >= self.min_dwell_steps:
+            speculate, reason = True, REASON_LOW_LOAD
+        else:
+            speculate, reason = False, REASON_DWELL
+        if speculate != self._threshold_speculating:
+            self._threshold_speculating = speculate
+            self._steps_in_mode = 0
+        self._steps_in_mode += 1
+        return speculate, reason
+
+    def plan_decode_step(self, batch: ScheduleBatch) -> None:
+        """Decide the mode of ``batch``'s next decode step (before its memory check)."""
+        batch.spec_prev_plain_step = batch.spec_plain_step
+        batch.spec_plain_step = not self.decide(batch.batch_size()).speculate
+
     def get_state(self) -> Dict[str, Any]:
-        """A snapshot for /get_server_info, metrics and logs."""
+        """A snapshot for /server_info, metrics and logs."""
         return {
             "speculating": self._speculating,
             "num_toggles": self.num_toggles,
@@ -161,7 +202,28 @@ class SpecPolicy:
             "disable_batch_threshold": self.disable_batch_threshold,
             "enable_batch_threshold": self.enable_batch_threshold,
             "min_dwell_steps": self.min_dwell_steps,
+            "adaptive_zero_draft_steps": self.zero_draft_steps is not None,
         }
+
+
+def decode_kv_reserve(batch: ScheduleBatch) -> int:
+    """KV length a speculative server's decode step reserves per request beyond
+    ``kv_committed_len``; the decode memory check and the allocation both use it.
+
+    Under overlap the previous step's tokens are not committed yet when this
+    step is prepared: a speculative step may have added up to
+    ``get_alloc_len_per_decode()`` of them, a plain step one. A speculative step
+    reserves upstream's double buffer; a plain step that lag plus its own token.
+    """
+    from sglang.srt.mem_cache.allocation_sizing import (
+        get_alloc_len_per_decode,
+        get_alloc_reserve_per_decode,
+    )
+
+    if not batch.spec_plain_step:
+        return get_alloc_reserve_per_decode()
+    lag = 1 if batch.spec_prev_plain_step else get_alloc_len_per_decode()
+    return lag + 1
 
 
 # ---------------------------------------------------------------------------
@@ -210,31 +272,22 @@ def threshold_error(
 
 
 def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
-    """Why load-aware speculation cannot run with these args, or None. Pure.
+    """Why load-aware speculation cannot run with these args, or None.
 
-    Must be called after the speculative algorithm has been resolved and the
-    v1/v2 worker chosen (``disable_overlap_schedule`` set for v1). Both the v1
-    EAGLEWorker (load_aware.py) and the spec-v2 overlap EAGLEWorkerV2
-    (load_aware_v2.py; draft trees at page size 1, spec_v2_trees.py) are
-    supported; upstream's adaptive step count on the spec-v2 worker only.
+    Called from ``handle_speculative_decoding`` once the algorithm is resolved.
+    Chains and draft trees run on EAGLEWorkerV2, with and without the overlap
+    scheduler, and combine with upstream's ``--speculative-adaptive``.
     """
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    view = resolved_view(server_args)
     algo = server_args.speculative_algorithm
     if algo is None:
         return "it requires --speculative-algorithm EAGLE or EAGLE3"
     if algo not in ("EAGLE", "EAGLE3"):
         return (
             f"--speculative-algorithm {algo} is not supported yet "
-            "(supported: EAGLE, EAGLE3; not NGRAM, STANDALONE, DFLASH, "
-            "FROZEN_KV_MTP)"
-        )
-    if (
-        getattr(server_args, "speculative_adaptive", False)
-        and server_args.disable_overlap_schedule
-    ):
-        return (
-            "--speculative-adaptive is combined with it on the spec-v2 overlap "
-            "worker only (topk 1, without --disable-overlap-schedule or "
-            "SGLANG_ENABLE_SPEC_V2=0)"
+            "(supported: EAGLE, EAGLE3)"
         )
     unsupported_flags = (
         ("enable_multi_layer_eagle", "--enable-multi-layer-eagle"),
@@ -242,11 +295,15 @@ def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
         ("enable_two_batch_overlap", "--enable-two-batch-overlap"),
         ("enable_pdmux", "--enable-pdmux"),
         ("enable_lora", "--enable-lora"),
+        (
+            "speculative_use_rejection_sampling",
+            "--speculative-use-rejection-sampling",
+        ),
     )
     for field, flag in unsupported_flags:
-        if getattr(server_args, field, False):
+        if getattr(view, field, False):
             return f"{flag} is not supported yet"
-    if (getattr(server_args, "pp_size", 1) or 1) > 1:
+    if (getattr(view, "pp_size", 1) or 1) > 1:
         return "pipeline parallelism (--pp-size > 1) is not supported yet"
     return None
 
