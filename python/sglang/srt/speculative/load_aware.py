@@ -1,79 +1,83 @@
-"""Plain decode steps of a load-aware speculative EAGLE worker (v1).
+"""Plain decode steps of a load-aware speculative EAGLEWorkerV2.
 
-When the SpecPolicy (spec_policy.py) decides that a decode step does not
-speculate, ``ScheduleBatch.prepare_for_decode`` prepares it exactly like a
-decode step of a server without speculation (one new KV slot per request,
-``seq_lens`` already counting the step's token, input = each request's pending
-token, ``spec_info`` cleared) and ``EAGLEWorker.forward_batch_generation``
-hands it to ``LoadAwarePlainDecode.forward``, which
+When a decode step does not speculate (``ScheduleBatch.spec_plain_step``, set by
+the SpecPolicy in spec_policy.py, or an adaptive tier at 0 draft steps),
+``EAGLEWorkerV2.forward_batch_generation`` hands it to ``LoadAwarePlainStep``,
+which
 
-1. runs the target exactly like a server without speculation: ForwardMode.DECODE,
-   decode attention kernels, the DECODE CUDA graphs captured here, sampling
-   through the target worker's normal ``forward_batch_generation`` (penalties,
-   grammar masks, logprobs, sampling params); it also captures the target
-   hidden state of the new token (FULL == LAST at one token per request; for
-   EAGLE-3 the concatenated aux hidden states);
-2. keeps the draft KV cache valid for the token just decoded: one draft-extend
-   token per request (input = the sampled token, hidden = the target hidden
-   state, written at the KV slot allocated for this step), run by
-   ``DraftCatchUp`` (load_aware_draft.py) with decode attention and its own
-   CUDA graphs;
-3. installs the resulting fresh ``EagleDraftInput`` (bonus token = the sampled
-   token, draft top-k and hidden state) for *all* requests of the batch, so
-   speculation can resume at any step with undiminished acceptance.
+1. runs the target exactly like a decode step of a server without speculation:
+   ForwardMode.DECODE, decode attention kernels, the DECODE CUDA graphs captured
+   here (``TargetDecodeGraphs``), sampling through the target worker's normal
+   ``forward_batch_generation`` (penalties, grammar masks, logprobs); it also
+   captures the target hidden state of the new token for the draft;
+2. keeps the draft KV cache valid for the token just decoded (``DraftCatchUp``),
+   so that speculation can resume at any step with undiminished acceptance;
+3. returns a result shaped like a verify step's that accepted no draft (one
+   token per request, ``accept_lens`` 1, ``new_seq_lens``, a full next draft
+   input), flagged ``spec_plain_step`` so that the output path skips the
+   speculative statistics. The overlap future map, the output processing and
+   the next step (speculative or plain) see the state a verify step leaves:
+   ``seq_len = L + 1``, target and draft KV valid for ``[0, L + 1)``, the
+   sampled token pending.
 
-The sampled tokens go through the scheduler's normal decode output path
-(``batch.spec_step`` is False).
-
-State after a plain step (what the next speculative step's draft
-preprocessing assumes): per request ``seq_len = L + 1``, target and draft KV
-valid for positions ``[0, L + 1)``, ``kv_committed_len == kv_allocated_len ==
-seq_len`` (set by prepare_for_decode), the partial last page owned by the
-request (``alloc_for_decode`` is page-aware), ``bonus_tokens`` = the sampled
-token, whose KV is not written yet. This is the invariant a verify step
-leaves, so page_size > 1 and topk > 1 (which copies the draft KV of the
-prefix's partial page) work unchanged.
+The scheduler allocates the step's KV slot before the step
+(``spec_policy.decode_kv_reserve``); its position, ``seq_len``, is only known
+here, once the overlap future map has resolved the previous step.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Tuple
 
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.speculative.eagle_info import EagleDraftInput
-from sglang.srt.speculative.load_aware_draft import (
-    DraftCatchUp,
-    fresh_attention_backend,
+import torch
+
+from sglang.srt.configs.hybrid_arch import mambaish_config
+from sglang.srt.environ import envs
+from sglang.srt.layers.moe.utils import (
+    speculative_moe_a2a_backend_context,
+    speculative_moe_backend_context,
 )
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
+    DecodeCudaGraphRunner,
+)
+from sglang.srt.runtime_context import get_spec
+from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
+from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
+from sglang.srt.utils.common import fast_topk
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.utils import GenerationBatchResult
-    from sglang.srt.speculative.eagle_worker import EAGLEWorker
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.speculative.eagle_worker_v2 import (
+        EagleDraftWorker,
+        EAGLEWorkerV2,
+    )
 
 logger = logging.getLogger(__name__)
 
 
-def check_load_aware_worker(worker: EAGLEWorker) -> None:
-    """Refuse at startup what the plain step cannot serve (v1 and v2 workers)."""
-    reason = load_aware_worker_unsupported_reason(worker)
-    if reason is not None:
-        raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
+def runs_plain_steps(worker: EAGLEWorkerV2) -> bool:
+    """Whether some decode steps of this worker run plain."""
+    adaptive = worker.adaptive_controller
+    return get_spec().speculative_disable_batch_threshold is not None or (
+        adaptive is not None and 0 in adaptive.candidate_steps
+    )
 
 
-def load_aware_worker_unsupported_reason(worker: EAGLEWorker) -> Optional[str]:
-    """Worker-level limits that server args cannot see (model architecture)."""
-    target_model_runner = worker.target_worker.model_runner
-    if getattr(target_model_runner, "mambaish_config", None) is not None:
+def load_aware_worker_unsupported_reason(worker: EAGLEWorkerV2) -> Optional[str]:
+    """Limits that server args cannot see (the model architecture)."""
+    if mambaish_config(worker.target_worker.model_runner.model_config) is not None:
         return (
             "hybrid (mamba / linear-attention) target models are not supported "
-            "yet: plain steps would not update the mamba prefix-cache tracking"
+            "yet: plain steps would not update the mamba state tracking"
         )
     if worker.speculative_algorithm not in (
         SpeculativeAlgorithm.EAGLE,
@@ -83,112 +87,300 @@ def load_aware_worker_unsupported_reason(worker: EAGLEWorker) -> Optional[str]:
     return None
 
 
-class TargetDecodeGraphs:
-    """The DECODE CUDA-graph family of a speculative target (v1 and v2 workers).
+def fresh_attention_backend(model_runner: ModelRunner):
+    """A separate instance of the model runner's attention backend, with its own
+    workspace (as upstream's adaptive runtime states build theirs): a second
+    ``init_cuda_graph_state`` on the backend in use would reallocate the buffers
+    its captured graphs point to."""
+    backup_init_new_workspace = model_runner.init_new_workspace
+    try:
+        return model_runner._get_attention_backend(init_new_workspace=True)
+    finally:
+        model_runner.init_new_workspace = backup_init_new_workspace
 
-    Captured at startup with its own attention backend; ``active()`` routes one
-    target forward to it. None-valued ``graph_runner`` (--disable-cuda-graph)
-    makes that forward run eagerly.
+
+class TargetDecodeGraphs:
+    """The DECODE attention backend and CUDA-graph family of a speculative target.
+
+    ``active()`` routes one target forward to them; without CUDA graphs
+    (``graph_runner`` None) that forward runs eagerly on the DECODE backend.
     """
 
-    def __init__(self, worker):
-        # worker: EAGLEWorker or EAGLEWorkerV2 (target_worker, server_args,
-        # device, gpu_id).
-        self.worker = worker
+    def __init__(self, worker: EAGLEWorkerV2):
         self.model_runner = worker.target_worker.model_runner
-        self.graph_runner: Optional[CudaGraphRunner] = None
-        if not worker.server_args.disable_cuda_graph:
-            self.graph_runner = self._capture()
+        self.attn_backend = fresh_attention_backend(self.model_runner)
+        self.graph_runner: Optional[DecodeCudaGraphRunner] = None
+        if worker.target_worker.model_runner.decode_cuda_graph_runner is not None:
+            self.graph_runner = self._capture(worker)
 
-    def _capture(self) -> CudaGraphRunner:
-        model_runner = self.model_runner
+    def _capture(self, worker: EAGLEWorkerV2) -> DecodeCudaGraphRunner:
         tic = time.perf_counter()
-        before_mem = get_available_gpu_memory(self.worker.device, self.worker.gpu_id)
+        before_mem = get_available_gpu_memory(worker.device, worker.gpu_id)
+        graph_runner = DecodeCudaGraphRunner(
+            self.model_runner, attn_backend=self.attn_backend, plain_decode=True
+        )
+        after_mem = get_available_gpu_memory(worker.device, worker.gpu_id)
+        worker._additional_graph_memory_usage["load_aware_decode"] = (
+            before_mem - after_mem
+        )
+        worker._additional_graph_time_usage["load_aware_decode"] = (
+            time.perf_counter() - tic
+        )
         log_info_on_rank0(
             logger,
-            "Capture target plain-decode cuda graphs (load-aware speculation) "
-            f"begin. avail mem={before_mem:.2f} GB",
-        )
-        attn_backend = fresh_attention_backend(model_runner, init_new_workspace=True)
-        graph_runner = CudaGraphRunner(
-            model_runner, attn_backend=attn_backend, plain_decode=True
-        )
-        after_mem = get_available_gpu_memory(self.worker.device, self.worker.gpu_id)
-        log_info_on_rank0(
-            logger,
-            "Capture target plain-decode cuda graphs end. "
-            f"Time elapsed: {time.perf_counter() - tic:.2f} s. "
-            f"bs={graph_runner.capture_bs}. "
-            f"mem usage={(before_mem - after_mem):.2f} GB. "
-            f"avail mem={after_mem:.2f} GB.",
+            "Captured target plain-decode cuda graphs (load-aware speculation): "
+            f"bs={graph_runner.capture_bs}, {time.perf_counter() - tic:.2f} s, "
+            f"mem={before_mem - after_mem:.2f} GB, avail mem={after_mem:.2f} GB",
         )
         return graph_runner
 
     @contextmanager
     def active(self) -> Iterator[None]:
-        """Route the target forward to the DECODE graph family for one step.
-
-        ModelRunner replays ``graph_runner`` whenever its ``can_run`` accepts
-        the batch, which does not check the forward mode: the verify runner
-        must not see a DECODE batch.
-        """
+        """The model runner replays ``decode_cuda_graph_runner`` whenever it
+        accepts the batch, whatever the forward mode: the verify runner must not
+        see a DECODE batch. Restores what is installed (adaptive states swap it)."""
         model_runner = self.model_runner
-        verify_graph_runner = model_runner.graph_runner
-        model_runner.graph_runner = self.graph_runner
+        installed = model_runner.attn_backend, model_runner.decode_cuda_graph_runner
+        model_runner.attn_backend = self.attn_backend
+        model_runner.decode_cuda_graph_runner = self.graph_runner
         try:
             yield
         finally:
-            model_runner.graph_runner = verify_graph_runner
+            model_runner.attn_backend, model_runner.decode_cuda_graph_runner = (
+                installed
+            )
 
 
-class LoadAwarePlainDecode:
-    """The plain-step path of an EAGLEWorker with load-aware speculation."""
+def plain_steps_write_kv_only(draft_model: torch.nn.Module) -> bool:
+    if envs.SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP.get():
+        return False
+    can_write = getattr(draft_model, "can_write_kv_cache_only", None)
+    return can_write is not None and can_write()
 
-    def __init__(self, worker: EAGLEWorker):
-        check_load_aware_worker(worker)
-        self.worker = worker
-        self.target_decode_graphs = TargetDecodeGraphs(worker)
-        self.draft_catch_up = DraftCatchUp(
-            worker,
-            worker.draft_model_runner,
-            worker.cuda_graph_runner_for_draft_extend,
-            worker.topk,
-            worker.draft_tp_context,
+
+class DraftCatchUp:
+    """Writes the draft KV of the token a plain step decoded.
+
+    A one-layer EAGLE-3 head writes that KV alone (``write_kv_cache_only``:
+    embedding, fc, norms and the K/V projections, no attention, MLP or LM head).
+    Its top-k and hidden state are only needed by a speculative step, so plain
+    steps then leave the next draft input pending (top-k probability -1) and
+    ``resume`` runs the full one-token draft forward once, before the first
+    speculative step after them. Other drafts run that forward on every plain
+    step: a one-token draft extend, the one upstream's 0-step adaptive tier runs.
+    """
+
+    def __init__(self, draft_worker: EagleDraftWorker):
+        self.draft_worker = draft_worker
+        draft_runner = draft_worker.draft_runner
+        self.draft_runner = draft_runner
+        self.topk = draft_worker.topk
+        max_bs = draft_runner.req_to_token_pool.size
+        device = draft_runner.device
+        # Allocated once, sliced per step, never modified in place.
+        self.num_correct_drafts = torch.zeros(max_bs, dtype=torch.int32, device=device)
+        self.num_accept_tokens = torch.ones(max_bs, dtype=torch.int32, device=device)
+        self.kv_only = plain_steps_write_kv_only(draft_runner.model)
+        # Whether a KV-only step may have left draft inputs pending.
+        self.resume_pending = False
+        if self.kv_only:
+            self.pending_topk_p = torch.full((max_bs, self.topk), -1.0, device=device)
+            self.pending_topk_index = torch.zeros(
+                (max_bs, self.topk), dtype=torch.int64, device=device
+            )
+            log_info_on_rank0(
+                logger,
+                "Load-aware speculation: plain steps write the draft KV only; the "
+                "full draft forward runs once when speculation resumes.",
+            )
+
+    @contextmanager
+    def draft_context(self) -> Iterator[None]:
+        """What the draft model's forwards run under (as in EAGLEWorkerV2)."""
+        with (
+            self.draft_worker.draft_tp_context(self.draft_runner.tp_group),
+            speculative_moe_backend_context(),
+            speculative_moe_a2a_backend_context(),
+        ):
+            yield
+
+    def run(
+        self,
+        batch: ScheduleBatch,
+        hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write the draft KV at position p = ``batch.seq_lens`` (before the step),
+        slot ``batch.out_cache_loc``: the draft consumes (the token at p + 1, the
+        one just sampled; the target hidden state at p).
+
+        hidden_states: [bs, target hidden size (x aux layers for EAGLE-3)];
+        next_token_ids: [bs]. Returns the draft's (topk_p, topk_index,
+        hidden_states) at the new token; KV-only: the pending top-k and the
+        draft's hidden-state input there.
+        """
+        if not self.kv_only:
+            return self._forward(batch, hidden_states, next_token_ids)
+        bs = len(batch.seq_lens)
+        with self.draft_context():
+            hidden_states = self.draft_runner.model.write_kv_cache_only(
+                next_token_ids,
+                batch.seq_lens.to(torch.int64),
+                hidden_states,
+                batch.out_cache_loc,
+                self.draft_runner.token_to_kv_pool,
+            )
+        self.resume_pending = True
+        return self.pending_topk_p[:bs], self.pending_topk_index[:bs], hidden_states
+
+    def resume(self, batch: ScheduleBatch) -> None:
+        """Complete the draft input of a speculative step after KV-only plain steps.
+
+        The rows a plain step left pending get the draft's top-k and hidden state
+        from the full one-token forward at their last position (its KV write
+        repeats the plain step's); the other rows (prefilled since) keep theirs
+        and write to the padding slot 0.
+        """
+        if not self.resume_pending:
+            return
+        self.resume_pending = False
+        draft_input: EagleDraftInput = batch.spec_info
+        pending = draft_input.topk_p[:, 0] < 0  # [bs]
+        catch_up_batch = copy.copy(batch)
+        catch_up_batch.seq_lens = batch.seq_lens - 1
+        if batch.seq_lens_cpu is not None:
+            catch_up_batch.seq_lens_cpu = batch.seq_lens_cpu - 1
+            catch_up_batch.seq_lens_sum = int(catch_up_batch.seq_lens_cpu.sum())
+        slots = self.draft_runner.req_to_token_pool.req_to_token[
+            batch.req_pool_indices, catch_up_batch.seq_lens.to(torch.int64)
+        ]
+        catch_up_batch.out_cache_loc = torch.where(pending, slots, 0).to(torch.int64)
+        topk_p, topk_index, hidden_states = self._forward(
+            catch_up_batch, draft_input.hidden_states, draft_input.bonus_tokens
+        )
+        rows = pending[:, None]
+        draft_input.topk_p = torch.where(rows, topk_p, draft_input.topk_p)
+        draft_input.topk_index = torch.where(rows, topk_index, draft_input.topk_index)
+        draft_input.hidden_states = torch.where(
+            rows, hidden_states, draft_input.hidden_states
         )
 
-    def forward(self, batch: ScheduleBatch) -> GenerationBatchResult:
-        """Run one plain decode step; installs the next draft input on batch."""
-        assert batch.forward_mode.is_decode() and not batch.spec_step
-        assert batch.spec_info is None, "prepare_for_decode clears spec_info"
+    def _forward(
+        self,
+        batch: ScheduleBatch,
+        hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The full one-token draft extend of ``run``: (topk_p, topk_index, hidden).
+        Modifies ``batch`` (as ``prepare_for_draft_extend`` does)."""
+        bs = len(batch.seq_lens)
+        extend_input = EagleDraftExtendInput(
+            hidden_states=hidden_states,
+            num_correct_drafts=self.num_correct_drafts[:bs],
+            num_accept_tokens=self.num_accept_tokens[:bs],
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
+        )
+        batch.return_logprob = False  # the draft's logprobs are never used
+        with self.draft_context():
+            forward_batch = prepare_for_draft_extend(
+                extend_input,
+                batch,
+                next_token_ids.to(torch.int64),
+                1,
+                self.draft_runner,
+                None,
+                return_hidden_states_before_norm=False,
+            )
+            logits_output = self.draft_runner.forward(forward_batch).logits_output
+        probs = torch.softmax(logits_output.next_token_logits, dim=-1)
+        topk_p, topk_index = fast_topk(probs, self.topk, dim=-1)
+        return topk_p, topk_index, logits_output.hidden_states
+
+
+class LoadAwarePlainStep:
+    """The plain decode step of an EAGLEWorkerV2 (module docstring)."""
+
+    def __init__(self, worker: EAGLEWorkerV2):
+        reason = load_aware_worker_unsupported_reason(worker)
+        if reason is not None:
+            raise ValueError(f"Load-aware speculation: {reason}.")
+        self.worker = worker
+        self.target_decode_graphs = TargetDecodeGraphs(worker)
+        self.draft_catch_up = DraftCatchUp(worker.draft_worker)
+        max_bs = worker.req_to_token_pool.size
+        self.accept_lens = torch.ones(max_bs, dtype=torch.int32, device=worker.device)
+
+    def forward(
+        self,
+        batch: ScheduleBatch,
+        on_publish: Optional[Callable[[torch.Tensor], None]] = None,
+        grammar_barrier: Optional[Callable[[], None]] = None,
+    ) -> GenerationBatchResult:
+        """Run one plain decode step; ``batch.spec_info`` is the resolved draft input."""
+        worker = self.worker
+        draft_input: EagleDraftInput = batch.spec_info
+        seq_lens = batch.seq_lens  # [bs], before this step's token
+        bs = len(seq_lens)
+        batch.out_cache_loc = worker.req_to_token_pool.req_to_token[
+            batch.req_pool_indices, seq_lens.to(torch.int64)
+        ].to(torch.int64)
+        new_seq_lens = seq_lens + 1
 
         # 1. Target: the decode forward and sampling of a server without
         # speculation, plus the hidden state of the new token for the draft.
-        model_worker_batch = batch.get_model_worker_batch()
-        model_worker_batch.capture_hidden_mode = CaptureHiddenMode.FULL
+        batch.input_ids = draft_input.bonus_tokens.to(torch.int64)
+        batch.spec_info = None  # attention backends must not take draft paths
+        batch.seq_lens = new_seq_lens
+        seq_lens_cpu = batch.seq_lens_cpu
+        if seq_lens_cpu is not None:
+            batch.seq_lens_cpu = seq_lens_cpu + 1
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        if grammar_barrier is not None and batch.has_grammar:
+            grammar_barrier()
         with self.target_decode_graphs.active():
-            result = self.worker.target_worker.forward_batch_generation(
-                model_worker_batch
+            result = worker.target_worker.forward_batch_generation(
+                batch, capture_hidden_mode=CaptureHiddenMode.FULL
             )
-        result.num_correct_drafts = 0
+        if on_publish is not None:
+            on_publish(new_seq_lens)
 
-        # 2. Draft KV catch-up at the slots allocated for this step, and the
-        # next draft input (for all requests, finished ones included).
+        # 2. Draft KV catch-up at the same slots, and the next draft input.
+        batch.seq_lens, batch.seq_lens_cpu = seq_lens, seq_lens_cpu
+        batch.seq_lens_sum = None
         topk_p, topk_index, hidden_states = self.draft_catch_up.run(
-            model_worker_batch,
-            result.logits_output.hidden_states,
-            result.next_token_ids,
+            batch, result.logits_output.hidden_states, result.next_token_ids
         )
-        batch.spec_info = EagleDraftInput(
-            bonus_tokens=result.next_token_ids,  # [bs]
-            hidden_states=hidden_states,  # [bs, draft hidden size]
+        result.next_draft_input = EagleDraftInput(
             topk_p=topk_p,  # [bs, topk]
             topk_index=topk_index,  # [bs, topk]
-            capture_hidden_mode=CaptureHiddenMode.LAST,
+            hidden_states=hidden_states,  # [bs, draft hidden size]
+            bonus_tokens=result.next_token_ids,  # [bs]
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
         )
+
+        # 3. A verify step's result that accepted no draft.
+        result.spec_plain_step = True
+        result.accept_lens = self.accept_lens[:bs]
+        result.new_seq_lens = new_seq_lens
+        result.speculative_num_draft_tokens = 1
+        logits_output = result.logits_output
+        if logits_output.next_token_logprobs is not None:
+            logits_output.next_token_logprobs = logits_output.next_token_logprobs.view(
+                bs, 1
+            )
+        self._feed_zero_step_tier(bs)
         return result
+
+    def _feed_zero_step_tier(self, bs: int) -> None:
+        """An adaptive tier at 0 draft steps counts the step as a verify of no
+        drafts, as upstream's 0-step verify does (its EMA holds; it probes up)."""
+        worker = self.worker
+        if worker.adaptive_controller is not None and worker.speculative_num_steps == 0:
+            worker.adaptive_controller.on_verify_complete([0] * bs, batch_size=bs)
 
     def resume_speculation(self, batch: ScheduleBatch) -> None:
         """Before a speculative step: complete the draft input that KV-only plain
         steps left pending (DraftCatchUp.resume)."""
-        if self.draft_catch_up.resume_pending:
-            self.draft_catch_up.resume(batch.get_model_worker_batch(), batch.spec_info)
+        self.draft_catch_up.resume(batch)

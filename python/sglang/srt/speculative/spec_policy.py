@@ -29,7 +29,7 @@ any communication.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -115,6 +115,8 @@ class SpecPolicy:
         self.num_toggles = 0
         self.num_spec_steps = 0
         self.num_plain_steps = 0
+        # Decode steps by (mode, reason), mode "spec" or "plain".
+        self.step_counts: Dict[Tuple[str, str], int] = {}
 
     @classmethod
     def from_server_args(
@@ -168,6 +170,8 @@ class SpecPolicy:
             self.num_spec_steps += 1
         else:
             self.num_plain_steps += 1
+        key = ("spec" if speculate else "plain", reason)
+        self.step_counts[key] = self.step_counts.get(key, 0) + 1
         return SpecDecision(speculate=speculate, reason=reason, toggled=toggled)
 
     def _decide_by_thresholds(self, batch_size: int):
@@ -203,6 +207,9 @@ class SpecPolicy:
             "enable_batch_threshold": self.enable_batch_threshold,
             "min_dwell_steps": self.min_dwell_steps,
             "adaptive_zero_draft_steps": self.zero_draft_steps is not None,
+            "steps_by_reason": {
+                f"{mode}/{reason}": n for (mode, reason), n in self.step_counts.items()
+            },
         }
 
 
