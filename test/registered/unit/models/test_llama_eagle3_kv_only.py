@@ -1,8 +1,10 @@
 """LlamaForCausalLMEagle3.write_kv_cache_only writes the KV the full forward writes.
 
-Runs a tiny one-layer EAGLE-3 head on the CPU engine (SGLANG_USE_CPU_ENGINE=1,
+Runs tiny one-layer EAGLE-3 heads on the CPU engine (SGLANG_USE_CPU_ENGINE=1,
 which must be set before sglang is imported, hence a child process): the forward
-with an attention backend that only stores K/V, against write_kv_cache_only.
+through the torch-native attention backend into one MHA KV pool, against
+write_kv_cache_only into another, for each normalization the forward can apply
+to the target's hidden states before fc (none, fc_norm, norm_before_fc, both).
 """
 
 import os
@@ -10,47 +12,51 @@ import socket
 import subprocess
 import sys
 import unittest
-from types import SimpleNamespace
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 
 CHILD_ARG = "--in-cpu-engine"
 
-
-class KVRecorder:
-    """A token-to-KV pool that records each write."""
-
-    def __init__(self):
-        self.writes = []
-
-    def set_kv_buffer(self, layer, loc, k, v, k_scale=None, v_scale=None):
-        self.writes.append((loc.clone(), k.clone(), v.clone()))
+# (name, config attributes, whether fc_norm and input_norm exist); the model
+# reads norm_before_fc from eagle_config first, then from the config itself.
+NORM_CONFIGS = [
+    ("no norm before fc", {}, False, False),
+    ("fc_norm", {"fc_norm": True}, True, False),
+    ("norm_before_fc", {"eagle_config": {"norm_before_fc": True}}, False, True),
+    ("both", {"fc_norm": True, "norm_before_fc": True}, True, True),
+]
 
 
 def check_in_cpu_engine(port: int) -> None:
+    from sglang.test.test_utils import maybe_stub_sgl_kernel
+
+    # A CUDA build of sgl_kernel does not import without a GPU; nothing here
+    # calls it (no AMX: the CPU engine runs the native ops).
+    maybe_stub_sgl_kernel()
+
+    from types import SimpleNamespace
+
     import torch
+    from transformers import LlamaConfig
+
     from sglang.srt.distributed import (
         init_distributed_environment,
         initialize_model_parallel,
     )
-    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.layers.attention.torch_native_backend import (
+        TorchNativeAttnBackend,
+    )
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.model_executor.forward_context import (
+        ForwardContext,
+        forward_context,
+    )
     from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-    from transformers import LlamaConfig
-
-    class StoreKVOnly(AttentionBackend):
-        def init_forward_metadata(self, forward_batch):
-            pass
-
-        def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
-            forward_batch.token_to_kv_pool.set_kv_buffer(
-                layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale
-            )
-            return torch.zeros_like(q)
 
     init_distributed_environment(
         world_size=1,
@@ -60,67 +66,129 @@ def check_in_cpu_engine(port: int) -> None:
         backend="gloo",
     )
     initialize_model_parallel(1)
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_hidden_layers=1,
-        vocab_size=100,
-        max_position_embeddings=256,
-    )
-    config.draft_vocab_size = 50
-    config.target_hidden_size = 48
-    torch.manual_seed(0)
-    model = LlamaForCausalLMEagle3(config)
-    for param in model.parameters():
-        torch.nn.init.normal_(param, std=0.2)
-    assert model.can_write_kv_cache_only()
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", device="cpu"))
 
-    input_ids = torch.tensor([5, 7, 9])
+    def build_model(num_hidden_layers=1, **attrs):
+        config = LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=num_hidden_layers,
+            vocab_size=100,
+            max_position_embeddings=256,
+        )
+        config.draft_vocab_size = 50
+        config.target_hidden_size = 48
+        for key, value in attrs.items():
+            setattr(config, key, value)
+        torch.manual_seed(0)
+        model = LlamaForCausalLMEagle3(config)
+        for param in model.parameters():
+            torch.nn.init.normal_(param, std=0.2)
+        return model
+
+    def new_attn_backend():
+        runner = SimpleNamespace(
+            device="cpu",
+            req_to_token_pool=ReqToTokenPool(
+                size=4, max_context_len=64, device="cpu", enable_memory_saver=False
+            ),
+            token_to_kv_pool=MHATokenToKVPool(
+                size=256,
+                page_size=1,
+                dtype=torch.float32,
+                head_num=2,
+                head_dim=16,
+                layer_num=1,
+                device="cpu",
+                enable_memory_saver=False,
+            ),
+        )
+        return TorchNativeAttnBackend(runner)
+
+    # Three decoding requests, each at its own slots of the pool.
+    req_pool_indices = torch.tensor([1, 2, 3])
     positions = torch.tensor([10, 20, 30])
-    out_cache_loc = torch.tensor([4, 8, 12])
-    target_hidden = torch.randn(3, 3 * config.target_hidden_size)
+    seq_lens = positions + 1
+    input_ids = torch.tensor([5, 7, 9])
 
-    def forward_writes(hidden_states, ids=input_ids):
-        pool = KVRecorder()
+    def place_requests(attn_backend):
+        req_to_token = attn_backend.req_to_token_pool.req_to_token
+        for i, req in enumerate(req_pool_indices.tolist()):
+            req_to_token[req, : seq_lens[i]] = 1 + 64 * i + torch.arange(seq_lens[i])
+        return req_to_token[req_pool_indices, positions].to(torch.int64)
+
+    out_cache_loc = place_requests(new_attn_backend())
+
+    def forward_kv(model, hidden_states, ids=input_ids):
+        """The pool's K/V after the model's forward, and the first layer's
+        hidden-state input."""
+        attn_backend = new_attn_backend()
+        place_requests(attn_backend)
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.DECODE,
-            batch_size=3,
+            batch_size=len(ids),
             input_ids=ids,
-            req_pool_indices=torch.arange(3),
-            seq_lens=positions + 1,
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
             out_cache_loc=out_cache_loc,
-            seq_lens_sum=int((positions + 1).sum()),
+            seq_lens_sum=int(seq_lens.sum()),
             positions=positions,
         )
         forward_batch.spec_info = SimpleNamespace(hidden_states=hidden_states)
-        forward_batch.attn_backend = StoreKVOnly()
-        forward_batch.token_to_kv_pool = pool
-        model.model(ids, positions, forward_batch)
-        (write,) = pool.writes
-        return write
-
-    with torch.no_grad():
-        full = forward_writes(target_hidden)
-        pool = KVRecorder()
-        projected = model.write_kv_cache_only(
-            input_ids, positions, target_hidden, out_cache_loc, pool
+        layer_inputs = []
+        hook = model.model.layers[0].register_forward_pre_hook(
+            lambda layer, args: layer_inputs.append(args[2])
         )
-        (kv_only,) = pool.writes
-        # Fed back in place of the target's hidden states, the projected ones
-        # give the same KV (the resume forward after KV-only steps).
-        again = forward_writes(projected)
-        other_tokens = forward_writes(target_hidden, ids=torch.tensor([6, 7, 9]))
+        try:
+            with forward_context(ForwardContext(attn_backend=attn_backend)):
+                attn_backend.init_forward_metadata(forward_batch)
+                model.model(ids, positions, forward_batch)
+        finally:
+            hook.remove()
+        (layer_input,) = layer_inputs
+        return pool_kv(attn_backend.token_to_kv_pool), layer_input
 
-    assert projected.shape == (3, config.hidden_size)
-    for name, write in (("write_kv_cache_only", kv_only), ("projected", again)):
-        for what, a, b in zip(("loc", "k", "v"), full, write):
-            assert torch.equal(a, b), f"{name}: {what} differs from the forward's"
-    assert not torch.equal(full[1][0], other_tokens[1][0]), "K ignores the token"
-    assert torch.equal(full[1][1:], other_tokens[1][1:])
+    def pool_kv(token_to_kv_pool):
+        return (
+            token_to_kv_pool.get_key_buffer(0).clone(),
+            token_to_kv_pool.get_value_buffer(0).clone(),
+        )
+
+    assert not build_model(num_hidden_layers=2).can_write_kv_cache_only()
+
+    for name, attrs, has_fc_norm, has_input_norm in NORM_CONFIGS:
+        model = build_model(**attrs)
+        assert model.can_write_kv_cache_only(), name
+        assert (model.model.fc_norm is not None) == has_fc_norm, name
+        assert (model.model.input_norm is not None) == has_input_norm, name
+        target_hidden = torch.randn(3, 3 * model.config.target_hidden_size)
+
+        with torch.no_grad():
+            full, layer_input = forward_kv(model, target_hidden)
+            token_to_kv_pool = new_attn_backend().token_to_kv_pool
+            projected = model.write_kv_cache_only(
+                input_ids, positions, target_hidden, out_cache_loc, token_to_kv_pool
+            )
+            kv_only = pool_kv(token_to_kv_pool)
+            # Fed back in place of the target's hidden states, the projected ones
+            # give the same KV (the resume forward after KV-only steps).
+            again, _ = forward_kv(model, projected)
+            other_tokens, _ = forward_kv(
+                model, target_hidden, ids=torch.tensor([6, 7, 9])
+            )
+
+        for what, full_buffer in zip(("K", "V"), full):
+            assert full_buffer[out_cache_loc].abs().sum() > 0, f"{name}: no {what}"
+        for path, kv in (("write_kv_cache_only", kv_only), ("projected", again)):
+            for what, a, b in zip(("K", "V"), full, kv):
+                assert torch.equal(a, b), f"{name}, {path}: {what} differs"
+        assert torch.equal(projected, layer_input), f"{name}: not the layer's input"
+        full_k, other_k = full[0][out_cache_loc], other_tokens[0][out_cache_loc]
+        assert not torch.equal(full_k[0], other_k[0]), f"{name}: K ignores the token"
+        assert torch.equal(full_k[1:], other_k[1:]), name
 
 
 def free_port() -> int:
