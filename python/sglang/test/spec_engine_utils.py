@@ -102,8 +102,8 @@ def greedy_params(max_new_tokens: int, **extra: object) -> Dict[str, object]:
 
 
 # The two EAGLE-3 shapes the tests and the benchmark use (eagle3_args' step counts):
-# a chain (topk 1, the spec-v2 worker's case) and the draft tree of the deployments
-# the load-aware mode is for (topk 4, 16 draft tokens, the v1 worker).
+# a chain (topk 1) and the draft tree of the deployments the load-aware mode is for
+# (topk 4, 16 draft tokens).
 EAGLE3_CHAIN = dict(num_steps=3, topk=1, num_draft_tokens=4)
 EAGLE3_TREE = dict(num_steps=2, topk=4, num_draft_tokens=16)
 

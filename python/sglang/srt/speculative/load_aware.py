@@ -281,7 +281,6 @@ class DraftCatchUp:
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,
         )
-        batch.return_logprob = False  # the draft's logprobs are never used
         with self.draft_context():
             forward_batch = prepare_for_draft_extend(
                 extend_input,

@@ -1,9 +1,10 @@
-"""GPU tier: the prefill of an EAGLE-3 target replays the piecewise CUDA graph (its
-server log says `cuda graph: True` on every prefill batch), and what that prefill hands
-the draft is what an eager one hands it: the responses follow the synthetic pair's
-greedy map token for token, and every request's acceptance equals that of a server
-started with --disable-piecewise-cuda-graph. Chains on the spec-v2 worker, draft trees
-on the v1 worker (both prefill with CaptureHiddenMode.FULL)."""
+"""GPU tier: upstream 0.5.17 already serves the prefill of an EAGLE-3 target with the
+piecewise CUDA graphs (the fork dropped its patch for it): the server log says
+`cuda graph: True` on every prefill batch, and what that prefill hands the draft is what
+an eager one hands it: the responses follow the synthetic pair's greedy map token for
+token, and every request's acceptance equals that of a server started with
+--disable-piecewise-cuda-graph. Chains and draft trees (both prefill with
+CaptureHiddenMode.FULL)."""
 
 import os
 import re
@@ -36,11 +37,7 @@ NUM_PROMPTS = 8
 PROMPT_LEN = 37
 MAX_NEW_TOKENS = 24
 PREFILL_LINE = re.compile(r"Prefill batch.*cuda graph: (True|False)")
-# name: (speculative shape, SGLANG_ENABLE_SPEC_V2)
-WORKERS: Dict[str, Tuple[Dict[str, int], str]] = {
-    "chain on spec v2": (EAGLE3_CHAIN, "1"),
-    "tree on the v1 worker": (EAGLE3_TREE, "0"),
-}
+SHAPES: Dict[str, Dict[str, int]] = {"chain": EAGLE3_CHAIN, "tree": EAGLE3_TREE}
 
 
 def acceptance(response: dict) -> Tuple[int, int]:
@@ -60,7 +57,7 @@ class TestEaglePrefillPiecewiseGraph(CustomTestCase):
         ]
 
     def serve(
-        self, spec: Dict[str, int], spec_v2: str, piecewise: bool
+        self, spec: Dict[str, int], piecewise: bool
     ) -> Tuple[List[dict], List[bool]]:
         """The responses to the prompts, one at a time, and for each prefill batch in
         the server's log whether it replayed a CUDA graph."""
@@ -80,7 +77,6 @@ class TestEaglePrefillPiecewiseGraph(CustomTestCase):
             with running_server(
                 self.target,
                 args,
-                env={"SGLANG_ENABLE_SPEC_V2": spec_v2},
                 log_path=log.name,
             ) as (url, _):
                 responses = [post_generate(url, p, params) for p in self.prompts]
@@ -91,10 +87,10 @@ class TestEaglePrefillPiecewiseGraph(CustomTestCase):
         self.assertEqual([r["output_ids"] for r in responses], self.intended)
 
     def test_prefill_replays_the_graph_and_matches_an_eager_prefill(self):
-        for name, (spec, spec_v2) in WORKERS.items():
-            with self.subTest(worker=name):
-                graph, graph_replayed = self.serve(spec, spec_v2, piecewise=True)
-                eager, eager_replayed = self.serve(spec, spec_v2, piecewise=False)
+        for name, spec in SHAPES.items():
+            with self.subTest(shape=name):
+                graph, graph_replayed = self.serve(spec, piecewise=True)
+                eager, eager_replayed = self.serve(spec, piecewise=False)
                 self.assertGreaterEqual(len(graph_replayed), NUM_PROMPTS)
                 self.assertTrue(all(graph_replayed), graph_replayed)
                 self.assertFalse(any(eager_replayed), eager_replayed)

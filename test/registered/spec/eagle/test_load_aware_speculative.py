@@ -1,7 +1,7 @@
-"""GPU tier of load-aware speculation (v1 EAGLE worker, and the spec-v2 overlap worker,
-chains and draft trees): plain decode steps above a batch threshold, speculative steps
-below it, under CUDA graphs. Also draft trees on the spec-v2 worker without load-aware
-speculation (TestSpecV2TreeCorrectness*).
+"""GPU tier of load-aware speculation on EAGLEWorkerV2 (chains and draft trees, with
+and without the overlap scheduler): plain decode steps above a batch threshold, or in
+the 0-draft-step tiers of --speculative-adaptive, speculative steps below it, under
+CUDA graphs.
 
 The synthetic checkpoints make greedy outputs a known function of the prompt (the
 plain engine reproduces it exactly: test_synthetic_spec_models_gpu.py), so every
@@ -10,6 +10,7 @@ KV leak checks of the scheduler on, so a leaked slot kills the server.
 """
 
 import itertools
+import json
 import os
 import re
 import tempfile
@@ -96,7 +97,6 @@ class LoadAwareServerBase(CustomTestCase):
     draft_kv_check = False
     extra_args: List[str] = []
     extra_env: Dict[str, str] = {}
-    spec_v2 = False  # True: the overlap scheduler's EAGLEWorkerV2
     server_log: Optional[str] = None  # a path: the server's output goes there
 
     @classmethod
@@ -122,11 +122,7 @@ class LoadAwareServerBase(CustomTestCase):
         cls._server = running_server(
             cls.target,
             cls.server_args(),
-            env={
-                **LEAK_CHECK_ENV,
-                "SGLANG_ENABLE_SPEC_V2": "1" if cls.spec_v2 else "0",
-                **cls.extra_env,
-            },
+            env={**LEAK_CHECK_ENV, **cls.extra_env},
             log_path=cls.server_log,
         )
         cls.base_url, cls.process = cls._server.__enter__()
@@ -450,14 +446,60 @@ class MatrixMixin:
         )
 
 
-class TestLoadAwareTopk1TritonGraphs(MatrixMixin, LoadAwareServerBase):
+class ChainMixin:
     spec = EAGLE3_CHAIN
 
 
-class TestLoadAwareTopk1TritonPage16Eager(MatrixMixin, LoadAwareServerBase):
-    spec = EAGLE3_CHAIN
+class TestLoadAwareChainAtTheThreshold(ChainMixin, TestLoadAwareTreeAtTheCrashingThreshold):
+    pass
+
+
+class TestLoadAwareRampChain(ChainMixin, TestLoadAwareRampTree):
+    pass
+
+
+class TestLoadAwareRampTreeFlashinfer(TestLoadAwareRampTree):
+    backend = "flashinfer"
+
+
+class TestLoadAwareRampTreeNoOverlap(TestLoadAwareRampTree):
+    """The synchronous path of EAGLEWorkerV2 (no overlap scheduler)."""
+
+    extra_args = ["--disable-overlap-schedule"]
+
+
+class TestLoadAwareChainFrequentResumeKVCheck(
+    ChainMixin, TestLoadAwareFrequentResumeKVCheck
+):
+    pass
+
+
+class TestLoadAwareTopk1TritonGraphs(ChainMixin, MatrixMixin, LoadAwareServerBase):
+    pass
+
+
+class TestLoadAwareTopk1TritonPage16Eager(ChainMixin, MatrixMixin, LoadAwareServerBase):
     page_size = 16
     cuda_graph = False
+
+
+class TestLoadAwareTopk1FlashinferPage16Graphs(
+    ChainMixin, MatrixMixin, LoadAwareServerBase
+):
+    backend = "flashinfer"
+    page_size = 16
+
+
+class TestLoadAwareTopk4TritonGraphs(MatrixMixin, LoadAwareServerBase):
+    pass
+
+
+class TestLoadAwareTopk4TritonEager(MatrixMixin, LoadAwareServerBase):
+    cuda_graph = False
+
+
+class TestLoadAwareTopk4FlashinferGraphs(MatrixMixin, LoadAwareServerBase):
+    backend = "flashinfer"
 
 
 class TestLoadAwareTopk4FlashinferPage16Graphs(MatrixMixin, LoadAwareServerBase):
@@ -470,161 +512,7 @@ class TestLoadAwareTopk4FlashinferEager(MatrixMixin, LoadAwareServerBase):
     cuda_graph = False
 
 
-class SpecV2Mixin:
-    """The overlap scheduler's spec-v2 worker (EAGLEWorkerV2), topk 1."""
-
-    spec_v2 = True
-    spec = EAGLE3_CHAIN
-
-    def test_runs_the_overlap_worker(self):
-        info = requests.get(f"{self.base_url}/server_info", timeout=30).json()
-        self.assertFalse(info["disable_overlap_schedule"])
-
-
-class TestLoadAwareV2AtTheThreshold(
-    SpecV2Mixin, TestLoadAwareTreeAtTheCrashingThreshold
-):
-    pass
-
-
-class TestLoadAwareV2Ramp(SpecV2Mixin, TestLoadAwareRampTree):
-    pass
-
-
-class TestLoadAwareV2FrequentResumeKVCheck(
-    SpecV2Mixin, TestLoadAwareFrequentResumeKVCheck
-):
-    pass
-
-
-class TestLoadAwareV2Topk1TritonGraphs(SpecV2Mixin, MatrixMixin, LoadAwareServerBase):
-    pass
-
-
-class TestLoadAwareV2Topk1TritonPage16Eager(
-    SpecV2Mixin, MatrixMixin, LoadAwareServerBase
-):
-    page_size = 16
-    cuda_graph = False
-
-
-class TestLoadAwareV2Topk1FlashinferPage16Graphs(
-    SpecV2Mixin, MatrixMixin, LoadAwareServerBase
-):
-    backend = "flashinfer"
-    page_size = 16
-
-
-class SpecV2TreeMixin(SpecV2Mixin):
-    """Draft trees (topk 4, 2 steps, 16 draft tokens) on the spec-v2 worker, page size 1
-    (backported from upstream 0.5.13: speculative/spec_v2_trees.py)."""
-
-    spec = EAGLE3_TREE
-
-
-class TestLoadAwareV2TreeAtTheCrashingThreshold(
-    SpecV2TreeMixin, TestLoadAwareTreeAtTheCrashingThreshold
-):
-    pass
-
-
-class TestLoadAwareV2TreeRamp(SpecV2TreeMixin, TestLoadAwareRampTree):
-    pass
-
-
-class TestLoadAwareV2TreeRampFlashinfer(SpecV2TreeMixin, TestLoadAwareRampTree):
-    backend = "flashinfer"
-
-
-class TestLoadAwareV2TreeFrequentResumeKVCheck(
-    SpecV2TreeMixin, TestLoadAwareFrequentResumeKVCheck
-):
-    pass
-
-
-class TestLoadAwareV2TreeFrequentResumeKVCheckFullCatchUp(
-    SpecV2TreeMixin, TestLoadAwareFrequentResumeKVCheckFullCatchUp
-):
-    pass
-
-
-class TestLoadAwareV2TreeTritonGraphs(
-    SpecV2TreeMixin, MatrixMixin, LoadAwareServerBase
-):
-    pass
-
-
-class TestLoadAwareV2TreeTritonEager(SpecV2TreeMixin, MatrixMixin, LoadAwareServerBase):
-    cuda_graph = False
-
-
-class TestLoadAwareV2TreeFlashinferGraphs(
-    SpecV2TreeMixin, MatrixMixin, LoadAwareServerBase
-):
-    backend = "flashinfer"
-
-
-class TestLoadAwareV2TreeFlashinferEager(
-    SpecV2TreeMixin, MatrixMixin, LoadAwareServerBase
-):
-    backend = "flashinfer"
-    cuda_graph = False
-
-
-class SpecV2TreeCorrectnessMixin:
-    """Draft trees on the spec-v2 worker without load-aware speculation: every step
-    speculates; outputs token-identical to the greedy continuation, acceptance as
-    predicted for the tree (a wrong KV move or gather after verify shows as wrong
-    tokens or a lower accept length)."""
-
-    disable_threshold = None
-
-    def test_concurrent_mixed_lengths_match(self):
-        _, outputs, _ = self.run_mixed_batch(24, seed=5)
-        # Below 0 when the last verify step accepted tokens past max_new_tokens:
-        # spec v2 counts them, the output drops them.
-        plain = [plain_step_tokens(o["meta_info"]) for o in outputs]
-        self.assertTrue(all(n <= 0 for n in plain), f"plain-step tokens: {plain}")
-        self.assert_server_alive_and_idle_clean()
-
-    def test_logprobs_of_accepted_tokens(self):
-        _, outputs, _ = self.run_mixed_batch(8, seed=6, return_logprob=True)
-        for out in outputs:
-            token_logprobs = out["meta_info"]["output_token_logprobs"]
-            self.assertEqual([t[1] for t in token_logprobs], out["output_ids"])
-            self.assertTrue(all(-1.0 < t[0] <= 0.0 for t in token_logprobs))
-
-    def test_lone_request_at_predicted_acceptance(self):
-        prompt = self.prompts(1, seed=7)[0]
-        out = post_concurrently(self.base_url, [(prompt, greedy_params(256))])[0]
-        self.assert_outputs_intended([prompt], [out], [256])
-        predicted = self.predicted_accept_length()
-        measured = spec_accept_length([out["meta_info"]])
-        print(
-            f"[spec-v2-tree] accept length {measured:.3f} (predicted {predicted:.3f})"
-        )
-        self.assertAlmostEqual(measured, predicted, delta=0.15 * predicted)
-
-
-class TestSpecV2TreeCorrectnessTriton(
-    SpecV2TreeMixin, SpecV2TreeCorrectnessMixin, LoadAwareServerBase
-):
-    pass
-
-
-class TestSpecV2TreeCorrectnessFlashinfer(
-    SpecV2TreeMixin, SpecV2TreeCorrectnessMixin, LoadAwareServerBase
-):
-    backend = "flashinfer"
-
-
-class TestSpecV2TreeCorrectnessTritonEager(
-    SpecV2TreeMixin, SpecV2TreeCorrectnessMixin, LoadAwareServerBase
-):
-    cuda_graph = False
-
-
-class AdaptiveMixin(SpecV2Mixin):
+class AdaptiveMixin(ChainMixin):
     """Upstream's adaptive step count on the speculative steps: at draft acceptance
     0.95 it rises from 3 to 7 steps after its warmup (15 verify steps by default) and
     stays there. A first request takes the server there before the tests run."""
@@ -657,17 +545,17 @@ class AdaptiveMixin(SpecV2Mixin):
         return super().predicted_accept_length()
 
 
-class TestLoadAwareV2AdaptiveRamp(AdaptiveMixin, TestLoadAwareRampTree):
+class TestLoadAwareAdaptiveRamp(AdaptiveMixin, TestLoadAwareRampTree):
     pass
 
 
-class TestLoadAwareV2AdaptiveFrequentResumeKVCheck(
+class TestLoadAwareAdaptiveFrequentResumeKVCheck(
     AdaptiveMixin, TestLoadAwareFrequentResumeKVCheck
 ):
     pass
 
 
-class TestLoadAwareV2AdaptiveTritonPage16Eager(
+class TestLoadAwareAdaptiveTritonPage16Eager(
     AdaptiveMixin, MatrixMixin, LoadAwareServerBase
 ):
     """Eager plain steps on the target backend of an adaptive state other than the
@@ -675,6 +563,54 @@ class TestLoadAwareV2AdaptiveTritonPage16Eager(
 
     page_size = 16
     cuda_graph = False
+
+
+class TestAdaptiveZeroDraftStepsRunThePlainStep(ChainMixin, LoadAwareServerBase):
+    """--speculative-adaptive alone, with a tier at 0 draft steps from a running batch
+    of 8: those steps are the plain step (DECODE graphs, KV-only draft catch-up), and
+    a lone request speculates again at full acceptance."""
+
+    disable_threshold = None
+
+    @classmethod
+    def server_args(cls) -> List[str]:
+        cls.adaptive_config = tempfile.NamedTemporaryFile("w", suffix=".json")
+        json.dump(
+            {"1": {"candidate_steps": [3]}, "8": {"candidate_steps": [0]}},
+            cls.adaptive_config,
+        )
+        cls.adaptive_config.flush()
+        return super().server_args() + [
+            "--speculative-adaptive",
+            "--speculative-adaptive-config",
+            cls.adaptive_config.name,
+        ]
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        cls.adaptive_config.close()
+
+    def test_zero_step_tier_runs_plain_steps_and_resumes(self):
+        self.run_mixed_batch(16, seed=8)
+        after = scrape_metrics(self.base_url)
+        plain = metric_total(
+            after,
+            "sglang:spec_decode_steps_total",
+            mode="plain",
+            reason="zero_draft_steps",
+        )
+        self.assertGreater(plain, 0, "no plain step in the 0-step tier")
+        self.assertTrue(self.load_aware_state()["adaptive_zero_draft_steps"])
+        prompt = self.prompts(1, seed=9)[0]
+        out = post_concurrently(self.base_url, [(prompt, greedy_params(128))])[0]
+        self.assert_outputs_intended([prompt], [out], [128])
+        self.assertLessEqual(plain_step_tokens(out["meta_info"]), 0)
+        predicted = self.predicted_accept_length()
+        self.assertAlmostEqual(
+            spec_accept_length([out["meta_info"]]), predicted, delta=0.2 * predicted
+        )
+        self.assert_server_alive_and_idle_clean()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ MAX_NEW_TOKENS = 48
 ACCEPT_TOLERANCE = 0.10
 SPEC_CONFIGS = {
     "topk1-steps3 (spec v2)": EAGLE3_CHAIN,
-    "topk4-steps2-16tok (spec v1)": EAGLE3_TREE,
+    "topk4-steps2-16tok": EAGLE3_TREE,
 }
 
 
