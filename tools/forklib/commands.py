@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from forklib import ForkError
+from forklib.export import assign_new_files, is_exported, strip_fork_files
 from forklib.layout import Layout
 from forklib.pin import Pin, PinnedWheel, write_pin
 from forklib.series import Patch, ScratchRepo, run_git, touched_files
@@ -23,10 +24,11 @@ from forklib.tree import (
 from forklib.wheel import extract_package, pip_download, sha256_of
 
 EXPORTED_TREES = ("python/sglang", "test", "benchmark", "docs")
-NEW_FILES_MESSAGE = """Add the fork's new modules, tests, benchmarks and docs
+TRAILING_FILES_MESSAGE = """Add the docs, benchmarks and tests that no patch needs
 
-Files that do not exist upstream, at their upstream paths. The commits that
-follow edit upstream files to use them.
+New files at their upstream paths that no commit before this one imports:
+documentation, benchmark scripts, and the tests and test utilities of the
+series as a whole.
 """
 
 
@@ -199,23 +201,35 @@ def cmd_check(layout: Layout) -> int:
     return 0
 
 
-def cmd_export(layout: Layout, out_dir: Path) -> int:
-    upstream = Upstream.load(layout)
+def _new_files(layout: Layout, upstream: Upstream) -> Dict[str, bytes]:
+    """The fork's own tracked files that an export carries (not benchmark results)."""
     tracked = tracked_files(layout, *EXPORTED_TREES)
     if tracked is None:
         raise ForkError("export needs a git checkout of the fork")
     upstream_paths = set(upstream.pristine_files())
-    ours = {
+    return {
         rel: (layout.root / rel).read_bytes()
         for rel in tracked
-        if rel not in upstream_paths
+        if rel not in upstream_paths and is_exported(rel)
     }
+
+
+def cmd_export(layout: Layout, out_dir: Path) -> int:
+    upstream = Upstream.load(layout)
+    ours = _new_files(layout, upstream)
+    groups = assign_new_files([p.text for p in upstream.series], ours)
     out_dir.mkdir(parents=True, exist_ok=True)
     with upstream.scratch_repo(touched_files(upstream.series)) as repo:
-        repo.write_files(ours)
-        repo.commit_all(NEW_FILES_MESSAGE)
-        repo.am(upstream.series)
+        for patch, rels in zip(upstream.series, groups):
+            repo.am([patch])
+            repo.write_files({rel: ours[rel] for rel in rels})
+            repo.amend_all(strip_fork_files(repo.head_message()))
+        if groups[-1]:
+            repo.write_files({rel: ours[rel] for rel in groups[-1]})
+            repo.commit_all(TRAILING_FILES_MESSAGE)
         written = repo.format_patches(repo.base, out_dir)
+    for path, rels in zip(written, groups):
+        print(f"  {path.name}: {len(rels)} new files")
     print(
         f"exported {len(written)} commits to {out_dir} (apply with `git am` on upstream {upstream.pin.version})"
     )

@@ -1,6 +1,7 @@
 """The fork tooling on a scratch copy of the repository (no GPU, pinned wheel cached)."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ FORK_FILES = [
     ".gitignore",
 ]
 EDITED = "python/sglang/srt/speculative/spec_info.py"
+SECOND = "python/sglang/srt/speculative/spec_utils.py"
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -179,16 +181,64 @@ class TestForkTool(unittest.TestCase):
         result = self.repo.fork("sync", ok=False)
         self.assertIn("sha256 mismatch", result.stderr)
 
-    def test_export_applies_with_git_am_on_pristine_upstream(self):
-        new_file = "python/sglang/srt/speculative/fork_only.py"
-        self.repo.path(new_file).write_text("FORK_ONLY = True\n")
-        git(self.repo.root, "add", new_file)
+    def test_export_brings_each_new_file_with_the_patch_that_needs_it(self):
+        spec = "python/sglang/srt/speculative"
+        new_files = {
+            f"{spec}/fork_only.py": "FORK_ONLY = True\n",
+            f"{spec}/fork_later.py": "LATER = True\n",
+            "test/registered/unit/spec/test_fork_only.py": (
+                "from sglang.srt.speculative.fork_only import FORK_ONLY\n"
+            ),
+            "test/registered/unit/spec/test_by_trailer.py": "import os\n",
+            "docs/fork.md": "How to use `sglang.srt.speculative.fork_only`.\n",
+            "benchmark/dynamic_spec/bench.py": "import os\n",
+        }
+        results = "benchmark/dynamic_spec/results/run/raw.json"
+        for rel, text in {**new_files, results: "{}\n"}.items():
+            self.repo.path(rel).parent.mkdir(parents=True, exist_ok=True)
+            self.repo.path(rel).write_text(text)
+        git(self.repo.root, "add", *new_files, results)
         self.edit(EDITED, "from sglang.srt.speculative.fork_only import FORK_ONLY\n")
         self.repo.fork(
             "save", "--new", "Use the fork-only module", "--body", "To test export."
         )
+        self.edit(SECOND, "from sglang.srt.speculative.fork_later import LATER\n")
+        self.repo.fork(
+            "save",
+            "--new",
+            "Use the later module",
+            "--body",
+            "To test export.\n\n"
+            "Fork-Files: test/registered/unit/spec/test_by_trailer.py",
+        )
         out = self.repo.root.parent / "export"
         self.repo.fork("export", str(out))
+
+        exported = sorted(out.glob("*.patch"))
+        self.assertEqual(
+            [
+                set(re.findall(r"^diff --git a/(\S+) ", p.read_text(), re.M))
+                for p in exported
+            ],
+            [
+                {
+                    EDITED,
+                    f"{spec}/fork_only.py",
+                    "test/registered/unit/spec/test_fork_only.py",
+                },
+                {
+                    SECOND,
+                    f"{spec}/fork_later.py",
+                    "test/registered/unit/spec/test_by_trailer.py",
+                },
+                {"benchmark/dynamic_spec/bench.py", "docs/fork.md"},
+            ],
+        )
+        self.assertIn(
+            "Subject: [PATCH] Use the later module\n\nTo test export.\n---\n",
+            exported[1].read_text(),
+        )
+        self.assertNotIn("Fork-Files", "".join(p.read_text() for p in exported))
 
         upstream = self.repo.root.parent / "upstream"
         extract_package(self.wheel, upstream / "python")
@@ -196,15 +246,15 @@ class TestForkTool(unittest.TestCase):
         git(upstream, "init", "-q")
         git(upstream, "add", "-A")
         git(upstream, "commit", "-qm", "upstream")
-        git(upstream, "am", *map(str, sorted(out.glob("*.patch"))))
-        num_patches = len(list(self.repo.path("patches").glob("*.patch")))
-        self.assertEqual(
-            len(git(upstream, "log", "--oneline").splitlines()), 2 + num_patches
-        )
-        self.assertEqual((upstream / new_file).read_text(), "FORK_ONLY = True\n")
-        self.assertEqual(
-            (upstream / EDITED).read_text(), self.repo.path(EDITED).read_text()
-        )
+        git(upstream, "am", *map(str, exported))
+        self.assertEqual(len(git(upstream, "log", "--oneline").splitlines()), 4)
+        for rel, text in new_files.items():
+            self.assertEqual((upstream / rel).read_text(), text)
+        self.assertFalse((upstream / results).exists())
+        for rel in (EDITED, SECOND):
+            self.assertEqual(
+                (upstream / rel).read_text(), self.repo.path(rel).read_text()
+            )
 
 
 if __name__ == "__main__":
