@@ -32,12 +32,16 @@ series as a whole.
 """
 
 
+NOT_MATERIALIZED = (
+    "upstream SGLang is not materialized in this checkout yet: "
+    'run `pip install -e "python[fork-test]"` or `tools/fork sync`'
+)
+
+
 def _materialized_state(layout: Layout, upstream: Upstream) -> State:
     state = State.load(layout)
     if state is None:
-        raise ForkError(
-            "not materialized yet: run `pip install -e python` or `tools/fork sync`"
-        )
+        raise ForkError(NOT_MATERIALIZED)
     if state.stamp != upstream.stamp():
         raise ForkError(
             "materialization is stale (pin or series changed): run `tools/fork sync`"
@@ -166,6 +170,9 @@ def _amend(
 
 
 def cmd_check(layout: Layout) -> int:
+    if State.load(layout) is None:
+        print(f"FAIL: {NOT_MATERIALIZED}")
+        return 1
     problems: List[str] = []
     upstream = Upstream.load(layout)
     try:

@@ -157,6 +157,16 @@ class TestForkTool(unittest.TestCase):
         self.assertIn("0001-Stale.patch", result.stdout)
         self.assertIn("patch failed", result.stdout)
 
+    def test_check_on_a_fresh_clone_says_it_is_not_materialized(self):
+        clone = ScratchFork(self.wheel)
+        self.addCleanup(clone.close)
+        result = clone.fork("check", ok=False)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("not materialized", result.stdout)
+        self.assertIn('pip install -e "python[fork-test]"', result.stdout)
+        self.assertIn("tools/fork sync", result.stdout)
+        self.assertNotIn("differ", result.stdout)
+
     def test_rebase_onto_the_pinned_release_replays_every_patch_unchanged(self):
         # Downloads the pinned wheels for every Python tag (PyPI), as a real rebase does.
         del self.repo.env["SGLANG_FORK_UPSTREAM_WHEEL"]
