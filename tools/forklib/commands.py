@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from forklib import ForkError
 from forklib.export import assign_new_files, is_exported, strip_fork_files
@@ -243,43 +243,71 @@ def cmd_export(layout: Layout, out_dir: Path) -> int:
     return 0
 
 
+def _download_wheel(package: str, version: str, tag: str, dest: Path) -> Path:
+    python_version = f"{tag[2]}.{tag[3:]}"
+    files = pip_download(f"{package}=={version}", dest, python_version=python_version)
+    if len(files) != 1:
+        raise ForkError(
+            f"expected one {package} {version} wheel for {tag}, pip gave {files}"
+        )
+    return files[0]
+
+
 def _download_pin(pin: Pin, version: str, dest: Path) -> Pin:
     wheels = {}
     for tag in pin.wheels:
-        python_version = f"{tag[2]}.{tag[3:]}"
-        files = pip_download(
-            f"{pin.package}=={version}", dest, python_version=python_version
-        )
-        if len(files) != 1:
-            raise ForkError(
-                f"expected one {pin.package} {version} wheel for {tag}, pip gave {files}"
-            )
-        wheels[tag] = PinnedWheel(file=files[0].name, sha256=sha256_of(files[0]))
+        wheel = _download_wheel(pin.package, version, tag, dest)
+        wheels[tag] = PinnedWheel(file=wheel.name, sha256=sha256_of(wheel))
     return Pin(package=pin.package, version=version, wheels=wheels)
 
 
-def cmd_rebase(layout: Layout, version: str) -> int:
+def _check_given_wheel(path: Path, package: str, version: str) -> None:
+    if not path.is_file():
+        raise ForkError(f"--wheel {path} is not a file")
+    if not path.name.startswith(f"{package}-{version}-"):
+        raise ForkError(f"--wheel {path.name} is not a {package} {version} wheel")
+
+
+def _replay_onto(
+    repo: ScratchRepo, series: List[Patch], new_pristine: Path, version: str
+) -> Tuple[str, List[str]]:
+    """Commit VERSION's copy of the touched files on the old base and replay the series 3-way on it.
+
+    Returns the new base commit and the conflicting patches. The series is applied
+    to the old base first so that 3-way merges find every patch's preimage.
+    """
+    repo.am(series)
+    repo.git("checkout", "-q", "-b", "rebased", repo.base)
+    repo.write_files(
+        {
+            rel: _read_optional(new_pristine.parent / rel.removeprefix("python/"))
+            for rel in touched_files(series)
+        }
+    )
+    repo.commit_all(f"Upstream SGLang {version}")
+    new_base = repo.head()
+    return new_base, _replay_three_way(repo, series)
+
+
+def cmd_rebase(
+    layout: Layout, version: str, dry_run: bool = False, wheel: Optional[Path] = None
+) -> int:
     upstream = Upstream.load(layout)
+    if dry_run:
+        return _rebase_dry_run(upstream, version, wheel)
+    if wheel is not None:
+        raise ForkError(
+            "--wheel goes with --dry-run: a rebase pins the wheels it downloads for every Python tag"
+        )
     _materialized_state(layout, upstream)
     with tempfile.TemporaryDirectory() as tmp:
         new_pin = _download_pin(upstream.pin, version, Path(tmp) / "wheels")
         new_wheel = Path(tmp) / "wheels" / next(iter(new_pin.wheels.values())).file
         new_pristine = extract_package(new_wheel, Path(tmp) / "pristine")
-        touched = touched_files(upstream.series)
-        with upstream.scratch_repo(touched) as repo:
-            repo.am(upstream.series)
-            repo.git("checkout", "-q", "-b", "rebased", repo.base)
-            repo.write_files(
-                {
-                    rel: _read_optional(
-                        new_pristine.parent / rel.removeprefix("python/")
-                    )
-                    for rel in touched
-                }
+        with upstream.scratch_repo(touched_files(upstream.series)) as repo:
+            new_base, conflicts = _replay_onto(
+                repo, upstream.series, new_pristine, version
             )
-            repo.commit_all(f"Upstream SGLang {version}")
-            new_base = repo.head()
-            conflicts = _replay_three_way(repo, upstream.series)
             if conflicts:
                 print(
                     f"rebase onto {version} stopped: {len(conflicts)} patches conflict; nothing changed"
@@ -294,6 +322,25 @@ def cmd_rebase(layout: Layout, version: str) -> int:
         f"pin moved to {upstream.pin.package} {version}; update python/pyproject.toml dependencies to its METADATA"
     )
     print(materialize(layout, force=True))
+    return 0
+
+
+def _rebase_dry_run(upstream: Upstream, version: str, wheel: Optional[Path]) -> int:
+    """Report how the series replays onto VERSION; changes nothing, conflicts included."""
+    package, series = upstream.pin.package, upstream.series
+    with tempfile.TemporaryDirectory() as tmp:
+        if wheel is None:
+            tag = next(iter(upstream.pin.wheels))
+            wheel = _download_wheel(package, version, tag, Path(tmp) / "wheels")
+        else:
+            _check_given_wheel(wheel, package, version)
+        new_pristine = extract_package(wheel, Path(tmp) / "pristine")
+        print(f"dry run: replaying {len(series)} patches onto {package} {version}")
+        with upstream.scratch_repo(touched_files(series)) as repo:
+            _, conflicts = _replay_onto(repo, series, new_pristine, version)
+    print(
+        f"{len(conflicts)} of {len(series)} patches conflict with {version}; nothing changed"
+    )
     return 0
 
 
@@ -318,7 +365,20 @@ def _replay_three_way(repo: ScratchRepo, series: List[Patch]) -> List[str]:
             print(f"  {'clean   ' if clean else 'merged  '} {patch.name}")
             continue
         files = repo.git("diff", "--name-only", "--diff-filter=U").split()
-        print(f"  CONFLICT {patch.name}: {', '.join(files) or result.stderr.strip()}")
+        described = [_describe_conflict(repo.path, rel) for rel in files]
+        print(
+            f"  CONFLICT {patch.name}: {', '.join(described) or result.stderr.strip()}"
+        )
         conflicts.append(patch.name)
         repo.git("am", "--skip", check=False)
     return conflicts
+
+
+def _describe_conflict(repo_path: Path, rel: str) -> str:
+    """``rel (N hunks)``, counting the conflict markers git left in the file."""
+    path = repo_path / rel
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    hunks = sum(1 for line in text.splitlines() if line.startswith("<<<<<<< "))
+    if not hunks:
+        return rel
+    return f"{rel} ({hunks} hunk{'' if hunks == 1 else 's'})"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +27,7 @@ FORK_FILES = [
 ]
 EDITED = "python/sglang/srt/speculative/spec_info.py"
 SECOND = "python/sglang/srt/speculative/spec_utils.py"
+THIRD = "python/sglang/srt/speculative/eagle_info.py"
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -183,6 +185,79 @@ class TestForkTool(unittest.TestCase):
             {p.name: p.read_bytes() for p in self.series_files()}, patches_before
         )
         self.assertEqual(self.repo.path("upstream.toml").read_bytes(), pin_before)
+
+    def replace_lines(self, rel: str, marks: dict) -> None:
+        """Append a marker to some lines of a materialized file (line number -> marker)."""
+        lines = self.repo.path(rel).read_text().splitlines(keepends=True)
+        for number, mark in marks.items():
+            lines[number] = lines[number].rstrip("\n") + f"  # {mark}\n"
+        self.repo.path(rel).write_text("".join(lines))
+
+    def fixture_wheel(self, version: str, files: dict) -> Path:
+        """A wheel of VERSION holding these upstream files (repo path -> text)."""
+        wheel = self.repo.root.parent / self.wheel.name.replace(
+            load_pin(REPO / "upstream.toml").version, version
+        )
+        with zipfile.ZipFile(wheel, "w") as archive:
+            for rel, text in files.items():
+                archive.writestr(rel.removeprefix("python/"), text)
+        return wheel
+
+    def test_rebase_dry_run_reports_each_patch_and_changes_nothing(self):
+        pristine = {
+            rel: self.repo.path(rel).read_text() for rel in (EDITED, SECOND, THIRD)
+        }
+        self.replace_lines(EDITED, {20: "fork"})
+        self.repo.fork("save", "--new", "Clean", "--body", "Upstream moved it.")
+        self.replace_lines(SECOND, {40: "fork"})
+        self.repo.fork(
+            "save", "--new", "Merged", "--body", "Upstream edited its context."
+        )
+        self.replace_lines(THIRD, {30: "fork", 200: "fork"})
+        self.repo.fork(
+            "save", "--new", "Conflict", "--body", "Upstream edited its lines."
+        )
+        for rel, text in pristine.items():
+            self.repo.path(rel).write_text(text)
+        self.replace_lines(SECOND, {42: "upstream"})
+        self.replace_lines(THIRD, {30: "upstream", 200: "upstream"})
+        new_files = {
+            rel: ("# upstream moved everything down\n" if rel == EDITED else "")
+            + self.repo.path(rel).read_text()
+            for rel in pristine
+        }
+        wheel = self.fixture_wheel("0.5.99", new_files)
+        self.repo.fork("sync", "--force")
+        patches_before = {p.name: p.read_bytes() for p in self.series_files()}
+        pin_before = self.repo.path("upstream.toml").read_bytes()
+        tree_before = {rel: self.repo.path(rel).read_bytes() for rel in pristine}
+
+        result = self.repo.fork("rebase", "0.5.99", "--dry-run", "--wheel", str(wheel))
+        self.assertIn("clean    0001-Clean.patch", result.stdout)
+        self.assertIn("merged   0002-Merged.patch", result.stdout)
+        self.assertIn(f"CONFLICT 0003-Conflict.patch: {THIRD} (2 hunks)", result.stdout)
+        self.assertIn(
+            "1 of 3 patches conflict with 0.5.99; nothing changed", result.stdout
+        )
+        self.assertEqual(
+            {p.name: p.read_bytes() for p in self.series_files()}, patches_before
+        )
+        self.assertEqual(self.repo.path("upstream.toml").read_bytes(), pin_before)
+        self.assertEqual(
+            {rel: self.repo.path(rel).read_bytes() for rel in pristine}, tree_before
+        )
+        self.assertIn("ok: 3 patches apply cleanly", self.repo.fork("check").stdout)
+
+    def test_rebase_wheel_is_refused_without_dry_run_or_for_another_version(self):
+        wheel = self.fixture_wheel("0.5.99", {EDITED: "X = 1\n"})
+        result = self.repo.fork("rebase", "0.5.99", "--wheel", str(wheel), ok=False)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("--wheel goes with --dry-run", result.stderr)
+        result = self.repo.fork(
+            "rebase", "0.6.0", "--dry-run", "--wheel", str(wheel), ok=False
+        )
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("is not a sglang 0.6.0 wheel", result.stderr)
 
     def test_tampered_wheel_is_refused(self):
         tampered = Path(self.repo.root.parent) / self.wheel.name
