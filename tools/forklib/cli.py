@@ -53,6 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
         "rebase", help="move the pin to VERSION with a 3-way apply of the series"
     )
     rebase.add_argument("version")
+    rebase.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only report per patch: clean, merged or CONFLICT (files, hunks); change nothing",
+    )
+    rebase.add_argument(
+        "--wheel",
+        type=Path,
+        metavar="PATH",
+        help="with --dry-run: VERSION's wheel file, instead of downloading it",
+    )
     return parser
 
 
@@ -70,7 +81,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             return commands.cmd_check(layout)
         if args.command == "export":
             return commands.cmd_export(layout, args.dir.resolve())
-        return commands.cmd_rebase(layout, args.version)
+        return commands.cmd_rebase(
+            layout,
+            args.version,
+            args.dry_run,
+            args.wheel.resolve() if args.wheel else None,
+        )
     except ForkError as e:
         print(f"tools/fork {args.command}: error: {e}", file=sys.stderr)
         return 1

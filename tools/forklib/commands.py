@@ -5,9 +5,10 @@ from __future__ import annotations
 import difflib
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from forklib import ForkError
+from forklib.export import assign_new_files, is_exported, strip_fork_files
 from forklib.layout import Layout
 from forklib.pin import Pin, PinnedWheel, write_pin
 from forklib.series import Patch, ScratchRepo, run_git, touched_files
@@ -23,19 +24,24 @@ from forklib.tree import (
 from forklib.wheel import extract_package, pip_download, sha256_of
 
 EXPORTED_TREES = ("python/sglang", "test", "benchmark", "docs")
-NEW_FILES_MESSAGE = """Add the fork's new modules, tests, benchmarks and docs
+TRAILING_FILES_MESSAGE = """Add the docs, benchmarks and tests that no patch needs
 
-Files that do not exist upstream, at their upstream paths. The commits that
-follow edit upstream files to use them.
+New files at their upstream paths that no commit before this one imports:
+documentation, benchmark scripts, and the tests and test utilities of the
+series as a whole.
 """
+
+
+NOT_MATERIALIZED = (
+    "upstream SGLang is not materialized in this checkout yet: "
+    'run `pip install -e "python[fork-test]"` or `tools/fork sync`'
+)
 
 
 def _materialized_state(layout: Layout, upstream: Upstream) -> State:
     state = State.load(layout)
     if state is None:
-        raise ForkError(
-            "not materialized yet: run `pip install -e python` or `tools/fork sync`"
-        )
+        raise ForkError(NOT_MATERIALIZED)
     if state.stamp != upstream.stamp():
         raise ForkError(
             "materialization is stale (pin or series changed): run `tools/fork sync`"
@@ -164,6 +170,9 @@ def _amend(
 
 
 def cmd_check(layout: Layout) -> int:
+    if State.load(layout) is None:
+        print(f"FAIL: {NOT_MATERIALIZED}")
+        return 1
     problems: List[str] = []
     upstream = Upstream.load(layout)
     try:
@@ -199,66 +208,106 @@ def cmd_check(layout: Layout) -> int:
     return 0
 
 
-def cmd_export(layout: Layout, out_dir: Path) -> int:
-    upstream = Upstream.load(layout)
+def _new_files(layout: Layout, upstream: Upstream) -> Dict[str, bytes]:
+    """The fork's own tracked files that an export carries (not benchmark results)."""
     tracked = tracked_files(layout, *EXPORTED_TREES)
     if tracked is None:
         raise ForkError("export needs a git checkout of the fork")
     upstream_paths = set(upstream.pristine_files())
-    ours = {
+    return {
         rel: (layout.root / rel).read_bytes()
         for rel in tracked
-        if rel not in upstream_paths
+        if rel not in upstream_paths and is_exported(rel)
     }
+
+
+def cmd_export(layout: Layout, out_dir: Path) -> int:
+    upstream = Upstream.load(layout)
+    ours = _new_files(layout, upstream)
+    groups = assign_new_files([p.text for p in upstream.series], ours)
     out_dir.mkdir(parents=True, exist_ok=True)
     with upstream.scratch_repo(touched_files(upstream.series)) as repo:
-        repo.write_files(ours)
-        repo.commit_all(NEW_FILES_MESSAGE)
-        repo.am(upstream.series)
+        for patch, rels in zip(upstream.series, groups):
+            repo.am([patch])
+            repo.write_files({rel: ours[rel] for rel in rels})
+            repo.amend_all(strip_fork_files(repo.head_message()))
+        if groups[-1]:
+            repo.write_files({rel: ours[rel] for rel in groups[-1]})
+            repo.commit_all(TRAILING_FILES_MESSAGE)
         written = repo.format_patches(repo.base, out_dir)
+    for path, rels in zip(written, groups):
+        print(f"  {path.name}: {len(rels)} new files")
     print(
         f"exported {len(written)} commits to {out_dir} (apply with `git am` on upstream {upstream.pin.version})"
     )
     return 0
 
 
+def _download_wheel(package: str, version: str, tag: str, dest: Path) -> Path:
+    python_version = f"{tag[2]}.{tag[3:]}"
+    files = pip_download(f"{package}=={version}", dest, python_version=python_version)
+    if len(files) != 1:
+        raise ForkError(
+            f"expected one {package} {version} wheel for {tag}, pip gave {files}"
+        )
+    return files[0]
+
+
 def _download_pin(pin: Pin, version: str, dest: Path) -> Pin:
     wheels = {}
     for tag in pin.wheels:
-        python_version = f"{tag[2]}.{tag[3:]}"
-        files = pip_download(
-            f"{pin.package}=={version}", dest, python_version=python_version
-        )
-        if len(files) != 1:
-            raise ForkError(
-                f"expected one {pin.package} {version} wheel for {tag}, pip gave {files}"
-            )
-        wheels[tag] = PinnedWheel(file=files[0].name, sha256=sha256_of(files[0]))
+        wheel = _download_wheel(pin.package, version, tag, dest)
+        wheels[tag] = PinnedWheel(file=wheel.name, sha256=sha256_of(wheel))
     return Pin(package=pin.package, version=version, wheels=wheels)
 
 
-def cmd_rebase(layout: Layout, version: str) -> int:
+def _check_given_wheel(path: Path, package: str, version: str) -> None:
+    if not path.is_file():
+        raise ForkError(f"--wheel {path} is not a file")
+    if not path.name.startswith(f"{package}-{version}-"):
+        raise ForkError(f"--wheel {path.name} is not a {package} {version} wheel")
+
+
+def _replay_onto(
+    repo: ScratchRepo, series: List[Patch], new_pristine: Path, version: str
+) -> Tuple[str, List[str]]:
+    """Commit VERSION's copy of the touched files on the old base and replay the series 3-way on it.
+
+    Returns the new base commit and the conflicting patches. The series is applied
+    to the old base first so that 3-way merges find every patch's preimage.
+    """
+    repo.am(series)
+    repo.git("checkout", "-q", "-b", "rebased", repo.base)
+    repo.write_files(
+        {
+            rel: _read_optional(new_pristine.parent / rel.removeprefix("python/"))
+            for rel in touched_files(series)
+        }
+    )
+    repo.commit_all(f"Upstream SGLang {version}")
+    new_base = repo.head()
+    return new_base, _replay_three_way(repo, series)
+
+
+def cmd_rebase(
+    layout: Layout, version: str, dry_run: bool = False, wheel: Optional[Path] = None
+) -> int:
     upstream = Upstream.load(layout)
+    if dry_run:
+        return _rebase_dry_run(upstream, version, wheel)
+    if wheel is not None:
+        raise ForkError(
+            "--wheel goes with --dry-run: a rebase pins the wheels it downloads for every Python tag"
+        )
     _materialized_state(layout, upstream)
     with tempfile.TemporaryDirectory() as tmp:
         new_pin = _download_pin(upstream.pin, version, Path(tmp) / "wheels")
         new_wheel = Path(tmp) / "wheels" / next(iter(new_pin.wheels.values())).file
         new_pristine = extract_package(new_wheel, Path(tmp) / "pristine")
-        touched = touched_files(upstream.series)
-        with upstream.scratch_repo(touched) as repo:
-            repo.am(upstream.series)
-            repo.git("checkout", "-q", "-b", "rebased", repo.base)
-            repo.write_files(
-                {
-                    rel: _read_optional(
-                        new_pristine.parent / rel.removeprefix("python/")
-                    )
-                    for rel in touched
-                }
+        with upstream.scratch_repo(touched_files(upstream.series)) as repo:
+            new_base, conflicts = _replay_onto(
+                repo, upstream.series, new_pristine, version
             )
-            repo.commit_all(f"Upstream SGLang {version}")
-            new_base = repo.head()
-            conflicts = _replay_three_way(repo, upstream.series)
             if conflicts:
                 print(
                     f"rebase onto {version} stopped: {len(conflicts)} patches conflict; nothing changed"
@@ -273,6 +322,25 @@ def cmd_rebase(layout: Layout, version: str) -> int:
         f"pin moved to {upstream.pin.package} {version}; update python/pyproject.toml dependencies to its METADATA"
     )
     print(materialize(layout, force=True))
+    return 0
+
+
+def _rebase_dry_run(upstream: Upstream, version: str, wheel: Optional[Path]) -> int:
+    """Report how the series replays onto VERSION; changes nothing, conflicts included."""
+    package, series = upstream.pin.package, upstream.series
+    with tempfile.TemporaryDirectory() as tmp:
+        if wheel is None:
+            tag = next(iter(upstream.pin.wheels))
+            wheel = _download_wheel(package, version, tag, Path(tmp) / "wheels")
+        else:
+            _check_given_wheel(wheel, package, version)
+        new_pristine = extract_package(wheel, Path(tmp) / "pristine")
+        print(f"dry run: replaying {len(series)} patches onto {package} {version}")
+        with upstream.scratch_repo(touched_files(series)) as repo:
+            _, conflicts = _replay_onto(repo, series, new_pristine, version)
+    print(
+        f"{len(conflicts)} of {len(series)} patches conflict with {version}; nothing changed"
+    )
     return 0
 
 
@@ -297,7 +365,20 @@ def _replay_three_way(repo: ScratchRepo, series: List[Patch]) -> List[str]:
             print(f"  {'clean   ' if clean else 'merged  '} {patch.name}")
             continue
         files = repo.git("diff", "--name-only", "--diff-filter=U").split()
-        print(f"  CONFLICT {patch.name}: {', '.join(files) or result.stderr.strip()}")
+        described = [_describe_conflict(repo.path, rel) for rel in files]
+        print(
+            f"  CONFLICT {patch.name}: {', '.join(described) or result.stderr.strip()}"
+        )
         conflicts.append(patch.name)
         repo.git("am", "--skip", check=False)
     return conflicts
+
+
+def _describe_conflict(repo_path: Path, rel: str) -> str:
+    """``rel (N hunks)``, counting the conflict markers git left in the file."""
+    path = repo_path / rel
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    hunks = sum(1 for line in text.splitlines() if line.startswith("<<<<<<< "))
+    if not hunks:
+        return rel
+    return f"{rel} ({hunks} hunk{'' if hunks == 1 else 's'})"

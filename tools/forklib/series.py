@@ -187,6 +187,15 @@ class ScratchRepo:
         self.git("commit", "-q", "--allow-empty", "-m", message)
         return self.head()
 
+    def amend_all(self, message: str) -> str:
+        """Fold every change into HEAD, with this message."""
+        self.git("add", "-A")
+        self.git("commit", "-q", "--amend", "--allow-empty", "-m", message)
+        return self.head()
+
+    def head_message(self) -> str:
+        return self.git("log", "-1", "--format=%B")
+
     def format_patches(
         self, since: str, out_dir: Path, start_number: int = 1
     ) -> List[Path]:

@@ -1,11 +1,13 @@
 """The fork tooling on a scratch copy of the repository (no GPU, pinned wheel cached)."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import unittest
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,6 +26,8 @@ FORK_FILES = [
     ".gitignore",
 ]
 EDITED = "python/sglang/srt/speculative/spec_info.py"
+SECOND = "python/sglang/srt/speculative/spec_utils.py"
+THIRD = "python/sglang/srt/speculative/eagle_info.py"
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -155,6 +159,16 @@ class TestForkTool(unittest.TestCase):
         self.assertIn("0001-Stale.patch", result.stdout)
         self.assertIn("patch failed", result.stdout)
 
+    def test_check_on_a_fresh_clone_says_it_is_not_materialized(self):
+        clone = ScratchFork(self.wheel)
+        self.addCleanup(clone.close)
+        result = clone.fork("check", ok=False)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("not materialized", result.stdout)
+        self.assertIn('pip install -e "python[fork-test]"', result.stdout)
+        self.assertIn("tools/fork sync", result.stdout)
+        self.assertNotIn("differ", result.stdout)
+
     def test_rebase_onto_the_pinned_release_replays_every_patch_unchanged(self):
         # Downloads the pinned wheels for every Python tag (PyPI), as a real rebase does.
         del self.repo.env["SGLANG_FORK_UPSTREAM_WHEEL"]
@@ -172,6 +186,79 @@ class TestForkTool(unittest.TestCase):
         )
         self.assertEqual(self.repo.path("upstream.toml").read_bytes(), pin_before)
 
+    def replace_lines(self, rel: str, marks: dict) -> None:
+        """Append a marker to some lines of a materialized file (line number -> marker)."""
+        lines = self.repo.path(rel).read_text().splitlines(keepends=True)
+        for number, mark in marks.items():
+            lines[number] = lines[number].rstrip("\n") + f"  # {mark}\n"
+        self.repo.path(rel).write_text("".join(lines))
+
+    def fixture_wheel(self, version: str, files: dict) -> Path:
+        """A wheel of VERSION holding these upstream files (repo path -> text)."""
+        wheel = self.repo.root.parent / self.wheel.name.replace(
+            load_pin(REPO / "upstream.toml").version, version
+        )
+        with zipfile.ZipFile(wheel, "w") as archive:
+            for rel, text in files.items():
+                archive.writestr(rel.removeprefix("python/"), text)
+        return wheel
+
+    def test_rebase_dry_run_reports_each_patch_and_changes_nothing(self):
+        pristine = {
+            rel: self.repo.path(rel).read_text() for rel in (EDITED, SECOND, THIRD)
+        }
+        self.replace_lines(EDITED, {20: "fork"})
+        self.repo.fork("save", "--new", "Clean", "--body", "Upstream moved it.")
+        self.replace_lines(SECOND, {40: "fork"})
+        self.repo.fork(
+            "save", "--new", "Merged", "--body", "Upstream edited its context."
+        )
+        self.replace_lines(THIRD, {30: "fork", 200: "fork"})
+        self.repo.fork(
+            "save", "--new", "Conflict", "--body", "Upstream edited its lines."
+        )
+        for rel, text in pristine.items():
+            self.repo.path(rel).write_text(text)
+        self.replace_lines(SECOND, {42: "upstream"})
+        self.replace_lines(THIRD, {30: "upstream", 200: "upstream"})
+        new_files = {
+            rel: ("# upstream moved everything down\n" if rel == EDITED else "")
+            + self.repo.path(rel).read_text()
+            for rel in pristine
+        }
+        wheel = self.fixture_wheel("0.5.99", new_files)
+        self.repo.fork("sync", "--force")
+        patches_before = {p.name: p.read_bytes() for p in self.series_files()}
+        pin_before = self.repo.path("upstream.toml").read_bytes()
+        tree_before = {rel: self.repo.path(rel).read_bytes() for rel in pristine}
+
+        result = self.repo.fork("rebase", "0.5.99", "--dry-run", "--wheel", str(wheel))
+        self.assertIn("clean    0001-Clean.patch", result.stdout)
+        self.assertIn("merged   0002-Merged.patch", result.stdout)
+        self.assertIn(f"CONFLICT 0003-Conflict.patch: {THIRD} (2 hunks)", result.stdout)
+        self.assertIn(
+            "1 of 3 patches conflict with 0.5.99; nothing changed", result.stdout
+        )
+        self.assertEqual(
+            {p.name: p.read_bytes() for p in self.series_files()}, patches_before
+        )
+        self.assertEqual(self.repo.path("upstream.toml").read_bytes(), pin_before)
+        self.assertEqual(
+            {rel: self.repo.path(rel).read_bytes() for rel in pristine}, tree_before
+        )
+        self.assertIn("ok: 3 patches apply cleanly", self.repo.fork("check").stdout)
+
+    def test_rebase_wheel_is_refused_without_dry_run_or_for_another_version(self):
+        wheel = self.fixture_wheel("0.5.99", {EDITED: "X = 1\n"})
+        result = self.repo.fork("rebase", "0.5.99", "--wheel", str(wheel), ok=False)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("--wheel goes with --dry-run", result.stderr)
+        result = self.repo.fork(
+            "rebase", "0.6.0", "--dry-run", "--wheel", str(wheel), ok=False
+        )
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("is not a sglang 0.6.0 wheel", result.stderr)
+
     def test_tampered_wheel_is_refused(self):
         tampered = Path(self.repo.root.parent) / self.wheel.name
         tampered.write_bytes(self.wheel.read_bytes() + b"\0")
@@ -179,16 +266,64 @@ class TestForkTool(unittest.TestCase):
         result = self.repo.fork("sync", ok=False)
         self.assertIn("sha256 mismatch", result.stderr)
 
-    def test_export_applies_with_git_am_on_pristine_upstream(self):
-        new_file = "python/sglang/srt/speculative/fork_only.py"
-        self.repo.path(new_file).write_text("FORK_ONLY = True\n")
-        git(self.repo.root, "add", new_file)
+    def test_export_brings_each_new_file_with_the_patch_that_needs_it(self):
+        spec = "python/sglang/srt/speculative"
+        new_files = {
+            f"{spec}/fork_only.py": "FORK_ONLY = True\n",
+            f"{spec}/fork_later.py": "LATER = True\n",
+            "test/registered/unit/spec/test_fork_only.py": (
+                "from sglang.srt.speculative.fork_only import FORK_ONLY\n"
+            ),
+            "test/registered/unit/spec/test_by_trailer.py": "import os\n",
+            "docs/fork.md": "How to use `sglang.srt.speculative.fork_only`.\n",
+            "benchmark/dynamic_spec/bench.py": "import os\n",
+        }
+        results = "benchmark/dynamic_spec/results/run/raw.json"
+        for rel, text in {**new_files, results: "{}\n"}.items():
+            self.repo.path(rel).parent.mkdir(parents=True, exist_ok=True)
+            self.repo.path(rel).write_text(text)
+        git(self.repo.root, "add", *new_files, results)
         self.edit(EDITED, "from sglang.srt.speculative.fork_only import FORK_ONLY\n")
         self.repo.fork(
             "save", "--new", "Use the fork-only module", "--body", "To test export."
         )
+        self.edit(SECOND, "from sglang.srt.speculative.fork_later import LATER\n")
+        self.repo.fork(
+            "save",
+            "--new",
+            "Use the later module",
+            "--body",
+            "To test export.\n\n"
+            "Fork-Files: test/registered/unit/spec/test_by_trailer.py",
+        )
         out = self.repo.root.parent / "export"
         self.repo.fork("export", str(out))
+
+        exported = sorted(out.glob("*.patch"))
+        self.assertEqual(
+            [
+                set(re.findall(r"^diff --git a/(\S+) ", p.read_text(), re.M))
+                for p in exported
+            ],
+            [
+                {
+                    EDITED,
+                    f"{spec}/fork_only.py",
+                    "test/registered/unit/spec/test_fork_only.py",
+                },
+                {
+                    SECOND,
+                    f"{spec}/fork_later.py",
+                    "test/registered/unit/spec/test_by_trailer.py",
+                },
+                {"benchmark/dynamic_spec/bench.py", "docs/fork.md"},
+            ],
+        )
+        self.assertIn(
+            "Subject: [PATCH] Use the later module\n\nTo test export.\n---\n",
+            exported[1].read_text(),
+        )
+        self.assertNotIn("Fork-Files", "".join(p.read_text() for p in exported))
 
         upstream = self.repo.root.parent / "upstream"
         extract_package(self.wheel, upstream / "python")
@@ -196,15 +331,15 @@ class TestForkTool(unittest.TestCase):
         git(upstream, "init", "-q")
         git(upstream, "add", "-A")
         git(upstream, "commit", "-qm", "upstream")
-        git(upstream, "am", *map(str, sorted(out.glob("*.patch"))))
-        num_patches = len(list(self.repo.path("patches").glob("*.patch")))
-        self.assertEqual(
-            len(git(upstream, "log", "--oneline").splitlines()), 2 + num_patches
-        )
-        self.assertEqual((upstream / new_file).read_text(), "FORK_ONLY = True\n")
-        self.assertEqual(
-            (upstream / EDITED).read_text(), self.repo.path(EDITED).read_text()
-        )
+        git(upstream, "am", *map(str, exported))
+        self.assertEqual(len(git(upstream, "log", "--oneline").splitlines()), 4)
+        for rel, text in new_files.items():
+            self.assertEqual((upstream / rel).read_text(), text)
+        self.assertFalse((upstream / results).exists())
+        for rel in (EDITED, SECOND):
+            self.assertEqual(
+                (upstream / rel).read_text(), self.repo.path(rel).read_text()
+            )
 
 
 if __name__ == "__main__":
