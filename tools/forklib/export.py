@@ -1,9 +1,9 @@
 """Which commit of the exported series brings in each new file of the fork.
 
 A new module enters with the first patch whose added lines import it, directly or
-through other new modules. A file no patch needs (a test, a test utility, a benchmark
-script) enters with the latest of the new modules it imports; one that imports none,
-and docs, enter in a final commit after the series. A patch's ``Fork-Files:`` trailer
+through other new modules. A file no patch needs (a test, a test utility) enters with
+the latest of the new modules it imports; one that imports none, benchmarks and docs
+enter in a final commit after the series. A patch's ``Fork-Files:`` trailer
 names files (globs) that enter with it whatever the imports say.
 """
 
@@ -29,6 +29,11 @@ def is_exported(rel: str) -> bool:
     """Benchmark results (``benchmark/**/results/**``) stay in the fork."""
     parts = PurePosixPath(rel).parts
     return not (parts[0] == "benchmark" and "results" in parts[1:-1])
+
+
+def follows_imports(rel: str) -> bool:
+    """Benchmarks measure the whole series: no patch takes them in for their imports."""
+    return PurePosixPath(rel).parts[0] != "benchmark"
 
 
 def module_name(rel: str) -> Optional[str]:
@@ -127,7 +132,11 @@ def _following_imports(
     A file that imports no such file either, but that one of these needs (a test
     utility), goes with the first of them that needs it.
     """
-    closures = {rel: _closure({rel}, deps) for rel in deps.keys() - index.keys()}
+    closures = {
+        rel: _closure({rel}, deps)
+        for rel in deps.keys() - index.keys()
+        if follows_imports(rel)
+    }
     following = {
         rel: max(index[d] for d in closure if d in index)
         for rel, closure in closures.items()

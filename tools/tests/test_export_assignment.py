@@ -112,6 +112,13 @@ class TestAssignNewFiles(unittest.TestCase):
         )
         self.assertEqual(groups, [[A], [BENCH, DOC, UTIL]])
 
+    def test_a_benchmark_follows_the_series_whatever_it_imports(self):
+        groups = assign_new_files(
+            [patch("from sglang.srt.speculative.fork_a import A")],
+            files(**{A: "A = 1\n", BENCH: "from sglang.srt.speculative import fork_a\n"}),
+        )
+        self.assertEqual(groups, [[A], [BENCH]])
+
     def test_fork_files_trailer_names_files_entering_with_its_patch(self):
         groups = assign_new_files(
             [
