@@ -1,5 +1,7 @@
 """Throughput and latency vs concurrency, side by side: no speculation, EAGLE-3 always on,
-the fork's load-aware speculation, and upstream's adaptive speculation.
+the fork's load-aware speculation, and upstream's adaptive speculation (on the fork, and
+on pristine upstream: the upstream-* configs' servers import the pristine tree that
+`tools/fork sync` extracts, python/.fork/pristine/, instead of the fork).
 
 One fresh server process per config (the previous one killed and the GPU checked idle);
 concurrency is swept inside it, then the ramp changes it in phases without draining in
@@ -44,6 +46,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import (
     Any,
@@ -70,7 +73,14 @@ from sglang.test.spec_engine_utils import (
 )
 from tqdm import tqdm
 
-V1 = {"SGLANG_ENABLE_SPEC_V2": "0"}
+# --speculative-adaptive-config of upstream-steps0-topk1 (0.5.17's
+# speculative/adaptive_spec_params.py): the "1" tier covers every batch size (a batch
+# goes to the largest tier key <= it, smaller ones to the smallest), candidate steps
+# [0] only, so the controller never leaves 0.
+STEPS0_ADAPTIVE_CONFIG = {"1": {"candidate_steps": [0]}}
+# eagle3_args' step counts at steps 0: upstream takes the initial step count from
+# --speculative-num-steps, which must be a candidate, and one draft token (the root).
+UPSTREAM_STEPS0 = dict(num_steps=0, topk=1, num_draft_tokens=1)
 # --disable-threshold-for CONFIG=suggested: the threshold the static configs' records suggest.
 SUGGESTED = "suggested"
 # Warm-up requests are short, whatever output length is measured.
@@ -96,6 +106,11 @@ class Config:
     env: Dict[str, str]
     # Load-aware configs only: the same speculation always on, which they are judged against.
     always_on: Optional[str] = None
+    # The server imports pristine upstream (tools/fork's extraction of the pinned
+    # wheel, PRISTINE_DIR) instead of the fork.
+    pristine: bool = False
+    # Written to a file passed as --speculative-adaptive-config.
+    adaptive_config: Optional[Dict[str, dict]] = None
 
     @property
     def load_aware(self) -> bool:
@@ -106,7 +121,7 @@ def build_configs(
     disable_threshold: int, per_config: Optional[Dict[str, int]] = None
 ) -> Dict[str, Config]:
     """per_config: disable thresholds of named load-aware configs (the others get
-    disable_threshold)."""
+    disable_threshold, the plain-* configs 2)."""
 
     def load_aware(
         name: str,
@@ -114,59 +129,70 @@ def build_configs(
         env: Dict[str, str],
         always_on: str,
         extra_args: Sequence[str] = (),
+        threshold: Optional[int] = None,
     ) -> Config:
-        threshold = (per_config or {}).get(name, disable_threshold)
+        threshold = (per_config or {}).get(name, threshold or disable_threshold)
         flags = ["--speculative-disable-batch-threshold", str(threshold), *extra_args]
         return Config(name, spec, flags, env, always_on=always_on)
 
-    # The full draft forward on every plain step (drafts that cannot write their KV
-    # alone): what the KV-only write saves, on either worker.
-    full_catch_up = {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
     adaptive = ["--speculative-adaptive"]
+    # Every speculative config runs on the spec-v2 overlap worker (EAGLEWorkerV2, the
+    # only one 0.5.17 has; trees at page size 1).
     return {
         c.name: c
         for c in [
+            # The reference: no speculation.
             Config("nospec", None, [], {}),
-            # The v1 worker (the -v1 configs) runs without the overlap scheduler:
-            # the reference its plain steps can reach.
-            Config("nospec-no-overlap", None, ["--disable-overlap-schedule"], {}),
-            # Chains and trees (page size 1) run on the spec-v2 overlap worker; the
-            # -v1 configs on the v1 worker, which has no overlap scheduler.
+            # EAGLE-3 chain (topk 1) always on: the topk 1 configs' reference.
             Config("eagle3-topk1", EAGLE3_CHAIN, [], {}),
-            # The target's prefill without piecewise CUDA graphs, as every EAGLE server
-            # ran it before patch 0021.
-            Config(
-                "eagle3-topk1-eager-prefill",
-                EAGLE3_CHAIN,
-                ["--disable-piecewise-cuda-graph"],
-                {},
-            ),
+            # EAGLE-3 draft tree (topk 4) always on: the topk 4 configs' reference.
             Config("eagle3-topk4", EAGLE3_TREE, [], {}),
-            Config("eagle3-topk4-v1", EAGLE3_TREE, [], V1),
+            # Load-aware chain: speculates below the threshold, plain steps from it.
             load_aware("loadaware-topk1", EAGLE3_CHAIN, {}, "eagle3-topk1"),
+            # The same with the full draft forward on every plain step (drafts that
+            # cannot write their KV alone): what the KV-only catch-up saves.
             load_aware(
                 "loadaware-topk1-full-catch-up",
                 EAGLE3_CHAIN,
-                full_catch_up,
+                {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"},
                 "eagle3-topk1",
             ),
-            load_aware("loadaware-topk1-v1", EAGLE3_CHAIN, V1, "eagle3-topk1"),
+            # Load-aware draft tree.
             load_aware("loadaware-topk4", EAGLE3_TREE, {}, "eagle3-topk4"),
-            load_aware("loadaware-topk4-v1", EAGLE3_TREE, V1, "eagle3-topk4-v1"),
-            load_aware(
-                "loadaware-topk4-v1-full-catch-up",
-                EAGLE3_TREE,
-                {**V1, **full_catch_up},
-                "eagle3-topk4-v1",
-            ),
-            Config("upstream-adaptive-topk1", EAGLE3_CHAIN, adaptive, {}),
+            # The fork's plain step at every running batch >= 2 (a lone request
+            # speculates), chain: its decode rate against nospec's and upstream's
+            # steps-0 step's (upstream-steps0-topk1).
+            load_aware("plain-topk1", EAGLE3_CHAIN, {}, "eagle3-topk1", threshold=2),
+            # The same for the draft tree.
+            load_aware("plain-topk4", EAGLE3_TREE, {}, "eagle3-topk4", threshold=2),
+            # Upstream's adaptive step count on the fork: its steps-0 tiers (a
+            # candidate from batch 8, the only one from 64 in upstream's default
+            # config) run the fork's plain step instead of upstream's steps-0 step.
+            Config("adaptive-topk1", EAGLE3_CHAIN, adaptive, {}),
             # Upstream's adaptive step count while speculating, plain steps under load.
             load_aware(
                 "loadaware-adaptive-topk1",
                 EAGLE3_CHAIN,
                 {},
-                "upstream-adaptive-topk1",
+                "adaptive-topk1",
                 adaptive,
+            ),
+            # Pristine upstream 0.5.17 (not the fork) with its adaptive mode and
+            # default config: what upstream gives, steps-0 tiers included.
+            Config(
+                "upstream-adaptive-topk1", EAGLE3_CHAIN, adaptive, {}, pristine=True
+            ),
+            # Pristine upstream with steps 0 at every batch size: upstream's own
+            # steps-0 step (a one-node TARGET_VERIFY and the full draft extend)
+            # always, against the fork's plain-topk1 and nospec. Upstream refuses an
+            # initial step count outside the candidates: it starts at 0.
+            Config(
+                "upstream-steps0-topk1",
+                UPSTREAM_STEPS0,
+                adaptive,
+                {},
+                pristine=True,
+                adaptive_config=STEPS0_ADAPTIVE_CONFIG,
             ),
         ]
     }
@@ -393,7 +419,84 @@ def config_server_args(args, config: Config, draft: str) -> List[str]:
     )
     if config.spec is not None:
         server_args += cli_args(eagle3_args(draft, **config.spec))
-    return server_args + config.extra_args
+    server_args += config.extra_args
+    if config.adaptive_config is not None:
+        server_args += ["--speculative-adaptive-config", adaptive_config_file(config)]
+    return server_args
+
+
+def adaptive_config_file(config: Config) -> str:
+    """config.adaptive_config, written to a JSON file in the temp directory."""
+    path = os.path.join(tempfile.gettempdir(), f"bench_sweep-{config.name}.json")
+    with open(path, "w") as f:
+        json.dump(config.adaptive_config, f, indent=1)
+    return path
+
+
+# Where `tools/fork sync` extracts the pinned upstream wheel, relative to the
+# repository root (tools/forklib/wheel.py: pristine_package): one directory per
+# wheel, PRISTINE_DIR/<its sha256[:16]>/sglang/, with a .complete file naming it.
+PRISTINE_DIR = os.path.join("python", ".fork", "pristine")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def pristine_upstream(root: str = REPO_ROOT) -> Dict[str, str]:
+    """The pristine upstream tree of the pristine configs: {"pythonpath": the
+    directory holding its sglang/ package, "wheel": the wheel it came from}. Of
+    several extractions, the one of this interpreter's wheel. Exits when there is
+    none."""
+    base = os.path.join(root, PRISTINE_DIR)
+    extracted = {}  # wheel file name -> directory
+    if os.path.isdir(base):
+        for name in sorted(os.listdir(base)):
+            complete = os.path.join(base, name, ".complete")
+            package = os.path.join(base, name, "sglang", "__init__.py")
+            if os.path.isfile(complete) and os.path.isfile(package):
+                with open(complete) as f:
+                    extracted[f.read().strip()] = os.path.join(base, name)
+    python_tag = f"-cp{sys.version_info.major}{sys.version_info.minor}-"
+    ours = [wheel for wheel in extracted if python_tag in wheel]
+    if len(extracted) == 1 or len(ours) == 1:
+        wheel = ours[0] if ours else next(iter(extracted))
+        return {"pythonpath": extracted[wheel], "wheel": wheel}
+    found = f"found {sorted(extracted)}" if extracted else "found none"
+    sys.exit(
+        f"pristine upstream: no single extracted upstream package under {base} "
+        f"({found}); the pristine configs need one: run `python3 tools/fork sync` "
+        f"in {root} (offline: SGLANG_FORK_UPSTREAM_WHEEL=<the pinned wheel>)"
+    )
+
+
+def server_env(args, config: Config) -> Dict[str, str]:
+    """The environment a config's server gets on top of ours. A pristine config's
+    PYTHONPATH starts with pristine upstream, which then shadows the fork."""
+    env = {**config.env, **backend_env(args)}
+    if config.pristine:
+        paths = [pristine_upstream()["pythonpath"], os.environ.get("PYTHONPATH")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def code_that_runs(config: Config, env: Dict[str, str]) -> Dict[str, str]:
+    """Which sglang a server with env imports: "fork" or "pristine upstream", the
+    package's __init__.py (found, not imported) and, for pristine, its wheel."""
+    find = "import importlib.util; print(importlib.util.find_spec('sglang').origin)"
+    origin = subprocess.run(
+        [sys.executable, "-c", find],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not config.pristine:
+        return {"sglang": "fork", "origin": origin}
+    pristine = pristine_upstream()
+    if not origin.startswith(pristine["pythonpath"] + os.sep):
+        raise RuntimeError(
+            f"{config.name}: the server would import sglang from {origin}, "
+            f"not from pristine upstream in {pristine['pythonpath']}"
+        )
+    return {"sglang": "pristine upstream", "origin": origin, "wheel": pristine["wheel"]}
 
 
 def warm_up(url: str, prompts: PromptSource, concurrencies: Iterable[int]) -> None:
@@ -420,14 +523,17 @@ def serving(
     """A fresh server of a config (the previous one gone, the GPU idle), warmed up at
     warmup_concurrencies; yields how it was launched. log_path: the server's output
     (default: ours)."""
+    env = server_env(args, config)
+    launch = {"code": code_that_runs(config, env), "env": env}
+    if config.adaptive_config is not None:
+        launch["adaptive_config"] = config.adaptive_config
     wait_gpu_idle()
     server_args = config_server_args(args, config, draft)
-    env = {**config.env, **backend_env(args)}
     with running_server(
         target, server_args, env=env, base_url=args.url, log_path=log_path
     ):
         warm_up(args.url, prompts, warmup_concurrencies)
-        yield {"server_args": server_args, "env": env}
+        yield {"server_args": server_args, **launch}
 
 
 def run_config(
@@ -892,8 +998,9 @@ def targets_table(records: List[dict]) -> str:
         "|---" * (1 + len(TARGETS)) + "|",
     ]
     for record in records:
-        if not KNOWN_CONFIGS[record["config"]].load_aware:
-            continue
+        config = KNOWN_CONFIGS.get(record["config"])
+        if config is None or not config.load_aware:
+            continue  # not load-aware, or no longer known
         cells = []
         for (_, low), ratio in zip(TARGETS, target_ratios(record, by_name)):
             if ratio is None:
@@ -1021,16 +1128,23 @@ def results_dir(args) -> str:
 def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dict]:
     """Add a config's record to raw.json, replacing an older record of it unless
     that one is finished and this one is not; returns all records, in config order."""
-    order = list(KNOWN_CONFIGS)
     with results_lock(out_dir):
         records = records_by_config(out_dir)
         older = records.get(record["config"])
         if finished(record) or not finished(older):
             records[record["config"]] = {**record, **header}
-        merged = sorted(records.values(), key=lambda r: order.index(r["config"]))
+        merged = sorted(records.values(), key=config_order)
         with open(os.path.join(out_dir, "raw.json"), "w") as f:
             json.dump({"model": header["model"], "records": merged}, f, indent=1)
     return merged
+
+
+def config_order(record: dict) -> int:
+    """A record's place: KNOWN_CONFIGS' order, then the configs that no longer exist
+    (in earlier results: the v1 worker's)."""
+    order = list(KNOWN_CONFIGS)
+    name = record["config"]
+    return order.index(name) if name in order else len(order)
 
 
 @contextlib.contextmanager
@@ -1078,9 +1192,18 @@ def results_markdown(records: List[dict], title: str) -> str:
         "\nCommands (commit):\n\n",
     ]
     sections += [
-        f"- {r['config']}: `{r['command']}` ({r['commit']})\n" for r in records
+        f"- {r['config']}: `{r['command']}` ({r['commit']}{code_note(r)})\n"
+        for r in records
     ]
     return "".join(sections)
+
+
+def code_note(record: dict) -> str:
+    """Names the records whose server ran pristine upstream instead of the fork."""
+    code = record.get("code", {})
+    if code.get("sglang") != "pristine upstream":
+        return ""
+    return f"; the server ran pristine upstream, {code['wheel']}"
 
 
 def write_results(out_dir: str, records: List[dict]) -> None:
@@ -1194,6 +1317,8 @@ def selected_configs(args) -> List[Config]:
     unknown = set(names) - set(configs)
     if unknown:
         sys.exit(f"unknown configs {sorted(unknown)}; known: {list(configs)}")
+    if any(configs[name].pristine for name in names):
+        pristine_upstream()  # exits now, not after the configs before it, if missing
     return [configs[name] for name in names]
 
 

@@ -453,15 +453,13 @@ class TestBenchSweepResults(CustomTestCase):
             "--speculative-disable-batch-threshold 16",
             flags,
         )
-        for name in ("loadaware-topk1", "loadaware-topk4-v1"):
-            kv_only, full = configs[name], configs[f"{name}-full-catch-up"]
-            self.assertEqual(
-                full.env, {**kv_only.env, "SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
-            )
-            same = ("spec", "extra_args", "always_on")
-            self.assertEqual(
-                [getattr(full, f) for f in same], [getattr(kv_only, f) for f in same]
-            )
+        kv_only = configs["loadaware-topk1"]
+        full = configs["loadaware-topk1-full-catch-up"]
+        self.assertEqual(full.env, {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"})
+        same = ("spec", "extra_args", "always_on")
+        self.assertEqual(
+            [getattr(full, f) for f in same], [getattr(kv_only, f) for f in same]
+        )
         per_config = self.bench.build_configs(16, {"loadaware-topk1": 48})
         self.assertIn(
             "--speculative-disable-batch-threshold 48",
@@ -469,21 +467,212 @@ class TestBenchSweepResults(CustomTestCase):
                 self.bench.config_server_args(args, per_config["loadaware-topk1"], "/d")
             ),
         )
-        tree_v1 = configs["loadaware-topk4-v1"]
-        self.assertEqual(tree_v1.env, {"SGLANG_ENABLE_SPEC_V2": "0"})
-        self.assertEqual(configs[tree_v1.always_on].env, tree_v1.env)
         adaptive = configs["loadaware-adaptive-topk1"]
-        self.assertEqual(adaptive.always_on, "upstream-adaptive-topk1")
+        self.assertEqual(adaptive.always_on, "adaptive-topk1")
         self.assertEqual(
             adaptive.extra_args,
             ["--speculative-disable-batch-threshold", "16", "--speculative-adaptive"],
         )
         nospec = self.bench.config_server_args(args, configs["nospec"], "/d")
         self.assertFalse(any(f.startswith("--speculative") for f in nospec))
-        no_overlap = self.bench.config_server_args(
-            args, configs["nospec-no-overlap"], "/d"
+
+    def test_the_configs_of_0_5_17(self):
+        configs = self.bench.build_configs(disable_threshold=16)
+        self.assertEqual(
+            list(configs),
+            [
+                "nospec",
+                "eagle3-topk1",
+                "eagle3-topk4",
+                "loadaware-topk1",
+                "loadaware-topk1-full-catch-up",
+                "loadaware-topk4",
+                "plain-topk1",
+                "plain-topk4",
+                "adaptive-topk1",
+                "loadaware-adaptive-topk1",
+                "upstream-adaptive-topk1",
+                "upstream-steps0-topk1",
+            ],
         )
-        self.assertEqual(no_overlap, nospec + ["--disable-overlap-schedule"])
+        self.assertFalse(
+            any("SGLANG_ENABLE_SPEC_V2" in c.env for c in configs.values())
+        )
+        # Plain steps from batch 2 whatever --disable-threshold says, chain and tree.
+        for name, spec in [
+            ("plain-topk1", "EAGLE3_CHAIN"),
+            ("plain-topk4", "EAGLE3_TREE"),
+        ]:
+            plain = configs[name]
+            self.assertEqual(plain.spec, getattr(self.bench, spec))
+            self.assertEqual(
+                plain.extra_args, ["--speculative-disable-batch-threshold", "2"]
+            )
+            self.assertEqual(plain.always_on, f"eagle3-{name[len('plain-'):]}")
+        self.assertEqual(
+            [n for n, c in configs.items() if c.pristine],
+            ["upstream-adaptive-topk1", "upstream-steps0-topk1"],
+        )
+        upstream, fork = configs["upstream-adaptive-topk1"], configs["adaptive-topk1"]
+        self.assertEqual(
+            (upstream.spec, upstream.extra_args, upstream.adaptive_config),
+            (fork.spec, ["--speculative-adaptive"], None),
+        )
+        self.assertFalse(fork.pristine)
+
+    def test_upstream_steps0_runs_steps_0_at_every_batch(self):
+        from sglang.srt.arg_groups.speculative_hook import (
+            _init_adaptive_speculative_params,
+        )
+        from sglang.srt.speculative.adaptive_spec_params import (
+            AdaptiveSpeculativeParams,
+        )
+
+        config = self.bench.KNOWN_CONFIGS["upstream-steps0-topk1"]
+        args = argparse.Namespace(
+            attention_backend="triton",
+            tp_size=1,
+            concurrency=[1, 256],
+            mem_fraction_static=0.8,
+        )
+        flags = self.bench.config_server_args(args, config, "/d")
+        joined = " ".join(flags)
+        self.assertIn(
+            "--speculative-num-steps 0 --speculative-eagle-topk 1 "
+            "--speculative-num-draft-tokens 1 --speculative-adaptive "
+            "--speculative-adaptive-config ",
+            joined,
+        )
+        path = flags[flags.index("--speculative-adaptive-config") + 1]
+        self.assertEqual(
+            json.loads(Path(path).read_text()), {"1": {"candidate_steps": [0]}}
+        )
+        # What 0.5.17 makes of it: steps 0 at every batch, even after its updates.
+        params = AdaptiveSpeculativeParams(initial_steps=0, cfg_path=path)
+        params.set_cuda_graph_bs([1, 2, 4, 8, 64, 256])
+        for bs in (1, 3, 8, 64, 200, 256, 512):
+            for _ in range(50):
+                params.on_verify_complete([0] * bs, batch_size=bs)
+            self.assertEqual(params.get_steps_for_batch(bs), 0)
+        # It starts at the --speculative-num-steps given, which must be a candidate.
+        server_args = argparse.Namespace(
+            speculative_adaptive_config=path,
+            speculative_eagle_topk=1,
+            speculative_num_steps=0,
+            speculative_num_draft_tokens=None,
+        )
+        _init_adaptive_speculative_params(server_args)
+        self.assertEqual(server_args.speculative_num_draft_tokens, 1)
+        server_args.speculative_num_steps = 3  # the chain's
+        with self.assertRaisesRegex(ValueError, "not in the adaptive config"):
+            _init_adaptive_speculative_params(server_args)
+
+    def fake_pristine(self, root: str, wheel: str) -> str:
+        """A tools/fork extraction of wheel under root; returns its directory."""
+        extraction = Path(root, self.bench.PRISTINE_DIR, wheel[-12:])
+        (extraction / "sglang").mkdir(parents=True)
+        (extraction / "sglang" / "__init__.py").write_text("")
+        (extraction / ".complete").write_text(wheel + "\n")
+        return str(extraction)
+
+    def test_pristine_upstream_is_found_from_the_repo_root(self):
+        ours = f"cp{sys.version_info.major}{sys.version_info.minor}"
+        with tempfile.TemporaryDirectory() as root:
+            with self.assertRaisesRegex(SystemExit, "found none.*tools/fork sync"):
+                self.bench.pristine_upstream(root)
+            other = self.fake_pristine(root, "sglang-0.5.17-cp399-cp399-x.whl")
+            self.assertEqual(
+                self.bench.pristine_upstream(root),
+                {"pythonpath": other, "wheel": "sglang-0.5.17-cp399-cp399-x.whl"},
+            )
+            wheel = f"sglang-0.5.17-{ours}-{ours}-x.whl"
+            mine = self.fake_pristine(root, wheel)
+            self.assertEqual(self.bench.pristine_upstream(root)["pythonpath"], mine)
+            os.remove(os.path.join(mine, "sglang", "__init__.py"))  # incomplete
+            self.assertEqual(self.bench.pristine_upstream(root)["pythonpath"], other)
+        self.assertEqual(Path(self.bench.REPO_ROOT, "upstream.toml").is_file(), True)
+
+    def test_a_pristine_server_imports_pristine_upstream(self):
+        configs = self.bench.KNOWN_CONFIGS
+        args = argparse.Namespace(attention_backend="triton")
+        with tempfile.TemporaryDirectory() as root:
+            wheel = "sglang-0.5.17-cp311-cp311-x.whl"
+            tree = self.fake_pristine(root, wheel)
+            pristine = {"pythonpath": tree, "wheel": wheel}
+            with mock.patch.object(
+                self.bench, "pristine_upstream", lambda: pristine
+            ), mock.patch.dict(os.environ, {"PYTHONPATH": "/elsewhere"}):
+                upstream = configs["upstream-adaptive-topk1"]
+                env = self.bench.server_env(args, upstream)
+                self.assertEqual(env["PYTHONPATH"], tree + os.pathsep + "/elsewhere")
+                code = self.bench.code_that_runs(upstream, env)
+                self.assertEqual(
+                    code,
+                    {
+                        "sglang": "pristine upstream",
+                        "origin": os.path.join(tree, "sglang", "__init__.py"),
+                        "wheel": wheel,
+                    },
+                )
+                fork_env = self.bench.server_env(args, configs["adaptive-topk1"])
+                self.assertNotIn("PYTHONPATH", fork_env)
+                fork = self.bench.code_that_runs(configs["adaptive-topk1"], fork_env)
+                self.assertEqual(fork["sglang"], "fork")
+                self.assertFalse(fork["origin"].startswith(tree))
+                # A PYTHONPATH that does not reach the pristine tree is refused.
+                with self.assertRaisesRegex(RuntimeError, "not from pristine upstream"):
+                    self.bench.code_that_runs(upstream, fork_env)
+
+    def test_a_launch_records_the_code_that_ran(self):
+        launched = []
+
+        @contextlib.contextmanager
+        def running_server(target, server_args, env, base_url, log_path):
+            launched.append(env)
+            yield base_url, None
+
+        code = {"sglang": "pristine upstream", "origin": "/p/sglang/__init__.py"}
+        args = argparse.Namespace(
+            attention_backend="triton",
+            tp_size=1,
+            concurrency=[1, 8],
+            mem_fraction_static=0.8,
+            url="u",
+        )
+        config = self.bench.KNOWN_CONFIGS["upstream-steps0-topk1"]
+        with mock.patch.multiple(
+            self.bench,
+            running_server=running_server,
+            wait_gpu_idle=lambda: None,
+            warm_up=lambda *a: None,
+            server_env=lambda args, config: {"PYTHONPATH": "/p"},
+            code_that_runs=lambda config, env: code,
+        ):
+            with self.bench.serving(args, config, "/t", "/d", None, [1]) as launch:
+                pass
+        self.assertEqual(launched, [{"PYTHONPATH": "/p"}])
+        self.assertEqual(launch["code"], code)
+        self.assertEqual(launch["env"], {"PYTHONPATH": "/p"})
+        self.assertEqual(launch["adaptive_config"], {"1": {"candidate_steps": [0]}})
+        self.assertIn("--speculative-adaptive-config", launch["server_args"])
+        record = {**self.record("upstream-steps0-topk1", 1.0), **self.header("abc")}
+        record["code"] = {**code, "wheel": "sglang-0.5.17-x.whl"}
+        self.assertIn(
+            "(abc; the server ran pristine upstream, sglang-0.5.17-x.whl)",
+            self.bench.results_markdown([record], "t"),
+        )
+
+    def test_records_of_configs_that_no_longer_exist_still_render(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            self.merge(out_dir, self.record("loadaware-topk4-v1", 90.0))
+            records = self.merge(out_dir, self.record("nospec", 100.0))
+            self.assertEqual(
+                [r["config"] for r in records], ["nospec", "loadaware-topk4-v1"]
+            )
+            self.bench.write_results(out_dir, records)
+            self.assertIn(
+                "| loadaware-topk4-v1 | 1000 |", Path(out_dir, "results.md").read_text()
+            )
 
     def test_per_config_thresholds_only_for_load_aware_configs(self):
         parser = argparse.ArgumentParser()
