@@ -25,6 +25,12 @@ Usage:
 
 (`suggested`: the load-aware config gets the threshold from which no speculation stays as
 fast as its always-on reference, from the records of the two configs run before it.)
+
+The decode rate at a steady running batch, instead of the sweep and the ramp (into the
+same records):
+  python benchmark/dynamic_spec/bench_sweep.py --preset llama8b --draft-accept 0.95
+      --configs nospec,upstream-steps0-topk1,plain-topk1,plain-topk4
+      --decode-rate 64,128,256 --repeats 3
 """
 
 from __future__ import annotations
@@ -95,6 +101,14 @@ SUMMARY_POINT_KEYS = (
     "ttft_p50_ms",
     "accept_length",
     "spec_step_share",
+)
+# The per-batch keys of summary.json's decode rates.
+DECODE_RATE_KEYS = (
+    "config",
+    "batch",
+    "output_tok_s",
+    "output_tok_s_min",
+    "output_tok_s_max",
 )
 
 
@@ -223,9 +237,29 @@ def client_session() -> aiohttp.ClientSession:
     )
 
 
+# A streamed chunk's output token count, found from the end (its output_ids, before
+# meta_info, grow with every chunk).
+COMPLETION_TOKENS_KEY = b'"completion_tokens":'
+COMPLETION_TOKENS_VALUE = re.compile(rb"\s*(\d+)")
+
+
+def streamed_tokens(chunk: bytes) -> Optional[int]:
+    """completion_tokens of a streamed chunk (None: it has none, e.g. an error)."""
+    at = chunk.rfind(COMPLETION_TOKENS_KEY)
+    if at < 0:
+        return None
+    match = COMPLETION_TOKENS_VALUE.match(chunk, at + len(COMPLETION_TOKENS_KEY))
+    return int(match.group(1)) if match else None
+
+
 async def one_request(
-    session: aiohttp.ClientSession, url: str, input_ids: List[int], output_len: int
+    session: aiohttp.ClientSession,
+    url: str,
+    input_ids: List[int],
+    output_len: int,
+    timeline: Optional[List[Tuple[float, int]]] = None,
 ) -> RequestResult:
+    """timeline: gets (time, output tokens so far) of every streamed chunk."""
     payload = {
         "input_ids": input_ids,
         "sampling_params": {
@@ -245,6 +279,10 @@ async def one_request(
                 continue
             if ttft is None:
                 ttft = time.perf_counter() - start
+            if timeline is not None:
+                tokens = streamed_tokens(line)
+                if tokens is not None:
+                    timeline.append((time.perf_counter(), tokens))
             last = line
     end = time.perf_counter()
     if not last:
@@ -405,7 +443,7 @@ def backend_env(args) -> Dict[str, str]:
 
 def config_server_args(args, config: Config, draft: str) -> List[str]:
     """launch_server flags of a config: shared serving flags, then its speculation."""
-    max_bs = max(args.concurrency)
+    max_bs = max([*args.concurrency, *(getattr(args, "decode_rate", None) or [])])
     server_args = cli_args(
         dict(
             attention_backend=args.attention_backend,
@@ -569,6 +607,45 @@ def run_config(
         save_with_decode_throughput(record)
 
 
+def run_decode_rate(
+    args,
+    config: Config,
+    target: str,
+    draft: str,
+    log_dir: str,
+    save: Callable[[dict], None],
+) -> None:
+    """--decode-rate: a config's decode rate at each steady running batch, in a fresh
+    server; save() gets the record's decode_rate section after every batch size."""
+    prompts = PromptSource(args.input_len)
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, f"{config.name}-decode-rate.log")
+    with serving(
+        args, config, target, draft, prompts, args.decode_rate, log_path
+    ) as launch:
+        capacity = server_state(args.url)["memory_usage"]["token_capacity"]
+        section = {
+            **launch,
+            "kv_capacity_tokens": capacity,
+            "input_len": args.input_len,
+            "output_len": args.decode_output_len,
+            "points": [],
+        }
+        for batch in tqdm(args.decode_rate, desc=f"{config.name} decode rate"):
+            if batch * (args.input_len + args.decode_output_len) > capacity:
+                raise RuntimeError(
+                    f"{config.name}: {batch} requests of {args.input_len} + "
+                    f"{args.decode_output_len} tokens do not fit in its KV cache "
+                    f"({capacity} tokens); lower --decode-output-len"
+                )
+            section["points"].append(measure_decode_rate(args, config, prompts, batch))
+            with open(log_path, errors="replace") as log:
+                section["decode_tok_s"] = decode_throughput(
+                    log, config.spec is not None
+                )
+            save({"config": config.name, "decode_rate": section})
+
+
 def finished(record: Optional[dict]) -> bool:
     """Whether a record holds all of its config's measurements (the ramp runs last)."""
     return record is not None and "ramp" in record
@@ -710,20 +787,83 @@ def measure_point(
     num = max(args.min_requests, args.requests_per_concurrency * concurrency)
     before = server_state(args.url)
     runs = [measure_run(args, prompts, num, concurrency) for _ in range(args.repeats)]
-    client_cpu_share = sum(r.client_cpu for r in runs) / sum(r.wall for r in runs)
-    if client_cpu_share > CLIENT_CPU_SHARE_WARNING:
-        tqdm.write(
-            f"{config.name} C={concurrency}: the client kept {client_cpu_share:.0%} "
-            "of a core busy; it may have limited this point, not the server"
-        )
     point = summarize(runs)
     point.update(
         config=config.name,
         concurrency=concurrency,
         spec_step_share=spec_step_share(config, before, server_state(args.url)),
-        client_cpu_share=client_cpu_share,
+        client_cpu_share=busy_client_share(runs, f"{config.name} C={concurrency}"),
     )
     return point
+
+
+def busy_client_share(runs: List[Run], point: str) -> float:
+    """The share of a core the client kept busy over the runs, with a warning when
+    it may have set the pace."""
+    share = sum(r.client_cpu for r in runs) / sum(r.wall for r in runs)
+    if share > CLIENT_CPU_SHARE_WARNING:
+        tqdm.write(
+            f"{point}: the client kept {share:.0%} of a core busy; it may have "
+            "limited this point, not the server"
+        )
+    return share
+
+
+async def decode_rate_loop(url: str, prompts: List[List[int]], output_len: int) -> Run:
+    """len(prompts) requests at once, output_len tokens each: the output tokens they
+    streamed between the moment the last of them streamed its first token (all
+    prefilled, every one decoding) and the first one's last token (none finished),
+    over that window. In it the server runs decode steps of exactly len(prompts)
+    requests, with no prefill and no finish; tokens are counted from the chunks
+    each request streamed by either end."""
+    timelines: List[List[Tuple[float, int]]] = [[] for _ in prompts]
+    began, cpu_began = time.perf_counter(), time.process_time()
+    async with client_session() as session:
+        results = await asyncio.gather(
+            *(
+                one_request(session, url, prompt, output_len, timeline)
+                for prompt, timeline in zip(prompts, timelines)
+            )
+        )
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+    start = max(timeline[0][0] for timeline in timelines)
+    end = min(timeline[-1][0] for timeline in timelines)
+    if end <= start:
+        raise RuntimeError(
+            f"batch {len(prompts)}: a request finished before the last one started "
+            "decoding; raise --decode-output-len (or the server did not run them all "
+            "at once)"
+        )
+    tokens = sum(tokens_by(t, end) - tokens_by(t, start) for t in timelines)
+    # The client's CPU share over the whole run, for the window.
+    return Run(results, tokens, end - start, cpu * (end - start) / wall)
+
+
+def tokens_by(timeline: List[Tuple[float, int]], moment: float) -> int:
+    """The output tokens a request had streamed by moment."""
+    return next((tokens for at, tokens in reversed(timeline) if at <= moment), 0)
+
+
+def measure_decode_rate(
+    args, config: Config, prompts: PromptSource, batch: int
+) -> dict:
+    """The output tok/s of a running batch of `batch` decoding requests, args.repeats
+    times (median and spread), each time new prompts."""
+    before = server_state(args.url)
+    runs = [
+        asyncio.run(
+            decode_rate_loop(args.url, prompts.take(batch), args.decode_output_len)
+        )
+        for _ in range(args.repeats)
+    ]
+    return {
+        "config": config.name,
+        "batch": batch,
+        **median_with_spread(run.tokens / run.wall for run in runs),
+        "window_s": statistics.median(run.wall for run in runs),
+        "spec_step_share": spec_step_share(config, before, server_state(args.url)),
+        "client_cpu_share": busy_client_share(runs, f"{config.name} batch {batch}"),
+    }
 
 
 async def ramp_loop(
@@ -1127,12 +1267,19 @@ def results_dir(args) -> str:
 
 def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dict]:
     """Add a config's record to raw.json, replacing an older record of it unless
-    that one is finished and this one is not; returns all records, in config order."""
+    that one is finished and this one is not; returns all records, in config order.
+    A record of --decode-rate (its decode_rate section only, no points) replaces
+    only the older record's section; a sweep's record keeps it."""
+    name = record["config"]
     with results_lock(out_dir):
         records = records_by_config(out_dir)
-        older = records.get(record["config"])
-        if finished(record) or not finished(older):
-            records[record["config"]] = {**record, **header}
+        older = records.get(name)
+        if "points" not in record:
+            base = older or {"config": name, **header}
+            records[name] = {**base, "decode_rate": {**record["decode_rate"], **header}}
+        elif finished(record) or not finished(older):
+            kept = {k: v for k, v in (older or {}).items() if k == "decode_rate"}
+            records[name] = {**kept, **record, **header}
         merged = sorted(records.values(), key=config_order)
         with open(os.path.join(out_dir, "raw.json"), "w") as f:
             json.dump({"model": header["model"], "records": merged}, f, indent=1)
@@ -1176,26 +1323,88 @@ def record_saver(out_dir: str, header: Dict[str, str]) -> Callable[[dict], None]
 
 
 def results_markdown(records: List[dict], title: str) -> str:
-    sections = [f"# {title}\n\n", markdown_table(records)]
-    decode = decode_table(records)
+    swept = swept_records(records)
+    sections = [f"# {title}\n\n"]
+    if swept:
+        sections.append(markdown_table(swept))
+    decode = decode_table(swept)
     if decode:
         sections += [
             "\nDecode tok/s the servers logged at a steady running batch (median over"
             " log windows without prefill; plain steps unless marked):\n\n",
             decode,
         ]
-    sections += [
-        "\nTargets (output tok/s ratios; N: the config's disable threshold):\n\n",
-        targets_table(records),
-        "\nThresholds suggested by these points (against nospec):\n\n",
-        suggested_thresholds(records),
-        "\nCommands (commit):\n\n",
-    ]
+    rates = decode_rate_table(records)
+    if rates:
+        sections += [
+            "\nDecode rate at a steady running batch (--decode-rate): output tok/s of"
+            " B requests decoding at once, from the moment the last of them streamed"
+            " its first token to the first finish (no prefill, no finish in between);"
+            " median of the repeats [min-max], the ratio to nospec's, and the decode"
+            " tok/s the server logged at that batch:\n\n",
+            rates,
+        ]
+    if swept:
+        sections += [
+            "\nTargets (output tok/s ratios; N: the config's disable threshold):\n\n",
+            targets_table(swept),
+            "\nThresholds suggested by these points (against nospec):\n\n",
+            suggested_thresholds(swept),
+        ]
+    sections.append("\nCommands (commit):\n\n")
     sections += [
         f"- {r['config']}: `{r['command']}` ({r['commit']}{code_note(r)})\n"
+        for r in swept
+    ]
+    sections += [
+        f"- {r['config']} decode rate: `{d['command']}` ({d['commit']}{code_note(d)})\n"
         for r in records
+        for d in [r.get("decode_rate")]
+        if d
     ]
     return "".join(sections)
+
+
+def swept_records(records: List[dict]) -> List[dict]:
+    """The records of sweeps (not only a --decode-rate section)."""
+    return [r for r in records if "points" in r]
+
+
+def decode_rate_table(records: List[dict]) -> str:
+    measured = [r for r in records if "decode_rate" in r]
+    if not measured:
+        return ""
+    rate = {
+        (r["config"], p["batch"]): p["output_tok_s"]
+        for r in measured
+        for p in r["decode_rate"]["points"]
+    }
+    batches = sorted({b for _, b in rate})
+    lines = [
+        "| config | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "|---" * (1 + len(batches)) + "|",
+    ]
+    for record in measured:
+        section = record["decode_rate"]
+        by_batch = {p["batch"]: p for p in section["points"]}
+        # Both modes at a batch: the one logged in more windows.
+        logged = {
+            d["batch"]: d["tok_s"]
+            for d in sorted(steady_decode(section), key=lambda d: d["windows"])
+        }
+        cells = []
+        for b in batches:
+            if b not in by_batch:
+                cells.append("-")
+                continue
+            cell = rate_with_spread(by_batch[b])
+            if ("nospec", b) in rate:
+                cell += f", {by_batch[b]['output_tok_s'] / rate['nospec', b]:.3f}x"
+            if b in logged:
+                cell += f" (log {logged[b]:.0f})"
+            cells.append(cell)
+        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def code_note(record: dict) -> str:
@@ -1209,28 +1418,34 @@ def code_note(record: dict) -> str:
 def write_results(out_dir: str, records: List[dict]) -> None:
     """summary.json, results.md and throughput.png of the records of one model."""
     model = records[0]["model"]
-    gpus = sorted({r["gpu"] for r in records})
-    commits = sorted({r["commit"] for r in records})
+    swept = swept_records(records)
+    sections = [r["decode_rate"] for r in records if "decode_rate" in r]
+    gpus = sorted({r["gpu"] for r in swept + sections})
+    commits = sorted({r["commit"] for r in swept + sections})
     summary = {
         "model": model,
         "gpu": ", ".join(gpus),
         "commit": ", ".join(commits),
         "points": [
-            {k: p[k] for k in SUMMARY_POINT_KEYS} for r in records for p in r["points"]
+            {k: p[k] for k in SUMMARY_POINT_KEYS} for r in swept for p in r["points"]
         ],
         "ramp": [
             {"config": r["ramp"]["config"], "output_tok_s": r["ramp"]["output_tok_s"]}
-            for r in records
+            for r in swept
             if finished(r)
         ],
-        "kv_capacity_tokens": {r["config"]: r["kv_capacity_tokens"] for r in records},
+        "kv_capacity_tokens": {r["config"]: r["kv_capacity_tokens"] for r in swept},
+        "decode_rate": [
+            {k: p[k] for k in DECODE_RATE_KEYS} for d in sections for p in d["points"]
+        ],
     }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     title = f"{model} on {summary['gpu']}"
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(results_markdown(records, title))
-    plot(records, os.path.join(out_dir, "throughput.png"), title)
+    if swept:
+        plot(swept, os.path.join(out_dir, "throughput.png"), title)
 
 
 def config_threshold(text: str) -> Tuple[str, Union[int, str]]:
@@ -1386,6 +1601,15 @@ def parse_args() -> argparse.Namespace:
         help="measurements per point and of the ramp (median, spread)",
     )
     parser.add_argument(
+        "--decode-rate",
+        type=lambda s: [int(x) for x in s.split(",")],
+        metavar="B1,B2,...",
+        help="instead of the sweep and the ramp: the decode rate at each steady "
+        "running batch B (B requests of --decode-output-len tokens at once; output "
+        "tok/s from the moment all B stream to the first finish), --repeats times",
+    )
+    parser.add_argument("--decode-output-len", type=int, default=1024)
+    parser.add_argument(
         "--ramp",
         type=lambda s: [int(x) for x in s.split(",")],
         default=[1, 4, 16, 64, 128],
@@ -1410,9 +1634,10 @@ def main() -> None:
     header = describe_run(model_name(args))
     out_dir = results_dir(args)
     save = record_saver(out_dir, header)
+    run = run_decode_rate if args.decode_rate else run_config
     for config in configs:
         config = with_suggested_threshold(args, config)
-        run_config(args, config, target, draft, os.path.join(out_dir, "logs"), save)
+        run(args, config, target, draft, os.path.join(out_dir, "logs"), save)
         print(f"{config.name}: results in {out_dir}", flush=True)
 
 

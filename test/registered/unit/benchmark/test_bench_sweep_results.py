@@ -319,6 +319,206 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertGreaterEqual(min(ends), 1)
         self.assertEqual(len(results), sum(kind == "end" for _, kind, _ in events))
 
+    def test_a_request_records_the_tokens_it_streamed_by_each_chunk(self):
+        timeline = []
+
+        async def generate(request):
+            response = web.StreamResponse()
+            await response.prepare(request)
+            for n in (1, 3, 4):
+                chunk = {
+                    "output_ids": list(range(n)),
+                    "meta_info": {"completion_tokens": n},
+                }
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await asyncio.sleep(0.01)
+            await response.write(b"data: [DONE]\n\n")
+            return response
+
+        async def request(url):
+            async with self.bench.client_session() as session:
+                return await self.bench.one_request(session, url, [1], 4, timeline)
+
+        result = self.against_server(generate, request)
+        self.assertEqual([tokens for _, tokens in timeline], [1, 3, 4])
+        times = [at for at, _ in timeline]
+        self.assertEqual(times, sorted(times))
+        self.assertLessEqual(times[-1], result.finished_at)
+        compact = b'data: {"output_ids":[9,9],"meta_info":{"completion_tokens":12}}'
+        self.assertEqual(self.bench.streamed_tokens(compact), 12)
+        self.assertIsNone(self.bench.streamed_tokens(b'data: {"error": {}}'))
+
+    def staggered_decode(self, stagger: float, step: float = 0.1):
+        """one_request of a server that decodes every request at 2 tokens per step of
+        `step` seconds, request i streaming its first token at i * stagger (fake
+        times in the timeline)."""
+        started = []
+
+        async def one_request(session, url, prompt, output_len, timeline):
+            i = len(started)
+            started.append(output_len)
+            tokens, at = 1, i * stagger
+            while True:
+                timeline.append((at, tokens))
+                if tokens == output_len:
+                    return self.bench.RequestResult(0.0, at, tokens, 0, 0, at)
+                tokens, at = min(tokens + 2, output_len), at + step
+
+        return one_request, started
+
+    def test_the_decode_rate_counts_only_while_every_request_decodes(self):
+        one_request, started = self.staggered_decode(stagger=0.01)
+        with mock.patch.object(self.bench, "one_request", one_request):
+            run = asyncio.run(self.bench.decode_rate_loop("u", [[1]] * 4, 21))
+        self.assertEqual(started, [21] * 4)
+        # From 0.03 (request 3's first token) to 1.0 (request 0's last): request 0
+        # streams 20 more tokens, the others 18 each (their last chunk is after 1.0).
+        self.assertAlmostEqual(run.wall, 0.97)
+        self.assertEqual(run.tokens, 20 + 3 * 18)
+        self.assertEqual(len(run.results), 4)
+        one_request, _ = self.staggered_decode(stagger=0.5)  # 3 starts after 0 ends
+        with mock.patch.object(self.bench, "one_request", one_request):
+            with self.assertRaisesRegex(RuntimeError, "raise --decode-output-len"):
+                asyncio.run(self.bench.decode_rate_loop("u", [[1]] * 4, 20))
+
+    def test_a_decode_rate_repeats_with_new_prompts(self):
+        loops = []
+
+        async def decode_rate_loop(url, prompts, output_len):
+            loops.append((tuple(map(tuple, prompts)), output_len))
+            return self.bench.Run([], 100.0 * len(loops), 1.0, 0.5)
+
+        args = argparse.Namespace(url="u", repeats=3, decode_output_len=64)
+        config = self.bench.KNOWN_CONFIGS["plain-topk1"]
+        state = {"load_aware_speculation": {"num_spec_steps": 0, "num_plain_steps": 9}}
+        with mock.patch.multiple(
+            self.bench, decode_rate_loop=decode_rate_loop, server_state=lambda u: state
+        ):
+            point = self.bench.measure_decode_rate(
+                args, config, self.bench.PromptSource(4), 8
+            )
+        self.assertEqual(
+            point,
+            {
+                "config": "plain-topk1",
+                "batch": 8,
+                "output_tok_s": 200.0,
+                "output_tok_s_min": 100.0,
+                "output_tok_s_max": 300.0,
+                "window_s": 1.0,
+                "spec_step_share": 0.0,
+                "client_cpu_share": 0.5,
+            },
+        )
+        self.assertEqual({len(prompts) for prompts, _ in loops}, {8})
+        self.assertEqual({n for _, n in loops}, {64})
+        self.assertEqual(len({p for prompts, _ in loops for p in prompts}), 24)
+
+    def decode_rate_section(self, name: str, speed: float) -> dict:
+        points = [
+            {
+                "config": name,
+                "batch": b,
+                "output_tok_s": speed * b,
+                "output_tok_s_min": speed * b - 1,
+                "output_tok_s_max": speed * b + 1,
+                "window_s": 5.0,
+                "spec_step_share": 0.0,
+                "client_cpu_share": 0.1,
+            }
+            for b in (64, 128)
+        ]
+        decode = [{"mode": "plain", "batch": 64, "tok_s": speed * 63, "windows": 9}]
+        return {"server_args": [], "env": {}, "points": points, "decode_tok_s": decode}
+
+    def test_a_decode_rate_run_saves_its_section_of_the_record(self):
+        saved, states = [], iter([{"memory_usage": {"token_capacity": 10**6}}])
+
+        @contextlib.contextmanager
+        def serving(args, config, target, draft, prompts, warmup, log_path):
+            self.assertEqual(warmup, [64, 128])
+            Path(log_path).write_text("")
+            yield {"server_args": ["--x"], "env": {}, "code": {"sglang": "fork"}}
+
+        def measure_decode_rate(args, config, prompts, batch):
+            return {"config": config.name, "batch": batch, "output_tok_s": 1.0}
+
+        args = argparse.Namespace(
+            url="u", input_len=512, decode_output_len=1024, decode_rate=[64, 128]
+        )
+        config = self.bench.KNOWN_CONFIGS["nospec"]
+        with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
+            self.bench,
+            serving=serving,
+            server_state=lambda url: next(states),
+            measure_decode_rate=measure_decode_rate,
+            tqdm=lambda items, desc: items,
+        ):
+            self.bench.run_decode_rate(args, config, "t", "d", log_dir, saved.append)
+            self.assertTrue(Path(log_dir, "nospec-decode-rate.log").is_file())
+            self.assertEqual(len(saved), 2)
+            self.assertEqual(set(saved[-1]), {"config", "decode_rate"})
+            section = saved[-1]["decode_rate"]
+            self.assertEqual([p["batch"] for p in section["points"]], [64, 128])
+            self.assertEqual(section["server_args"], ["--x"])
+            self.assertEqual(section["code"], {"sglang": "fork"})
+            self.assertEqual((section["input_len"], section["output_len"]), (512, 1024))
+            self.assertEqual(section["decode_tok_s"], [])
+            states = iter([{"memory_usage": {"token_capacity": 64 * 1536 - 1}}])
+            with self.assertRaisesRegex(RuntimeError, "do not fit in its KV cache"):
+                self.bench.run_decode_rate(
+                    args, config, "t", "d", log_dir, saved.append
+                )
+
+    def test_decode_rates_and_sweeps_of_a_config_share_its_record(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            self.merge(out_dir, self.record("nospec", 100.0), "sweep")
+            rates = {
+                "config": "nospec",
+                "decode_rate": self.decode_rate_section("nospec", 100.0),
+            }
+            records = self.merge(out_dir, rates, "rates")
+            (nospec,) = records
+            self.assertEqual(nospec["commit"], "sweep")  # the sweep's record, kept
+            self.assertEqual(nospec["decode_rate"]["commit"], "rates")
+            self.assertTrue(self.bench.finished(nospec))
+            # A sweep measured again keeps the decode rates; a config measured only
+            # for them gets a record of its own.
+            records = self.merge(out_dir, self.record("nospec", 120.0), "sweep2")
+            self.assertEqual(records[0]["decode_rate"]["commit"], "rates")
+            plain = {
+                "config": "plain-topk1",
+                "decode_rate": self.decode_rate_section("plain-topk1", 98.0),
+            }
+            records = self.merge(out_dir, plain, "rates")
+            self.assertEqual([r["config"] for r in records], ["nospec", "plain-topk1"])
+            self.assertNotIn("points", records[1])
+            self.bench.write_results(out_dir, records)
+            summary = json.loads(Path(out_dir, "summary.json").read_text())
+            self.assertEqual([p["config"] for p in summary["points"]], ["nospec"] * 2)
+            self.assertEqual(summary["kv_capacity_tokens"], {"nospec": 1000})
+            self.assertEqual(
+                summary["decode_rate"][-1],
+                {
+                    "config": "plain-topk1",
+                    "batch": 128,
+                    "output_tok_s": 98.0 * 128,
+                    "output_tok_s_min": 98.0 * 128 - 1,
+                    "output_tok_s_max": 98.0 * 128 + 1,
+                },
+            )
+            results = Path(out_dir, "results.md").read_text()
+            self.assertIn("| config | batch 64 | batch 128 |", results)
+            self.assertIn(
+                "| plain-topk1 | 6272 [6271-6273], 0.980x (log 6174) "
+                "| 12544 [12543-12545], 0.980x |",
+                results,
+            )
+            self.assertIn("| nospec | 6400 [6399-6401], 1.000x (log 6300) |", results)
+            self.assertNotIn("| plain-topk1 | 1000 |", results)  # no sweep row
+            self.assertIn("- plain-topk1 decode rate: `b` (rates)", results)
+            self.assertIn("- nospec: `b` (sweep2)", results)
+
     def test_a_request_splits_its_tokens_across_windows_by_time(self):
         # First token at t=1, ten more evenly until t=11.
         request = self.bench.RequestResult(1.0, 11.0, 11, 0, 0, 11.0)
@@ -673,6 +873,47 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertIn(
                 "| loadaware-topk4-v1 | 1000 |", Path(out_dir, "results.md").read_text()
             )
+
+    def test_servers_fit_the_largest_decode_rate_batch(self):
+        args = argparse.Namespace(
+            attention_backend="triton",
+            tp_size=1,
+            concurrency=[1, 64],
+            mem_fraction_static=0.8,
+            decode_rate=[128, 256],
+        )
+        nospec = self.bench.KNOWN_CONFIGS["nospec"]
+        flags = " ".join(self.bench.config_server_args(args, nospec, "/d"))
+        self.assertIn("--cuda-graph-max-bs 256 --max-running-requests 256 ", flags)
+
+    def test_decode_rate_runs_instead_of_the_sweep(self):
+        ran = []
+
+        def runner(kind):
+            def run(args, config, target, draft, log_dir, save):
+                ran.append((kind, config.name, args.decode_rate))
+
+            return run
+
+        with tempfile.TemporaryDirectory() as out_dir, contextlib.ExitStack() as stack:
+            argv = ["bench_sweep.py", "--out-dir", out_dir, "--results-date", "d"]
+            argv += ["--configs", "nospec,plain-topk1", "--decode-rate", "64,128"]
+            for name, value in [
+                ("generated_pair", lambda *_: ("/t", "/d")),
+                ("describe_run", lambda model: self.header("abc")),
+                ("run_config", runner("sweep")),
+                ("run_decode_rate", runner("decode rate")),
+            ]:
+                stack.enter_context(mock.patch.object(self.bench, name, value))
+            stack.enter_context(mock.patch.object(sys, "argv", argv))
+            self.bench.main()
+        self.assertEqual(
+            ran,
+            [
+                ("decode rate", "nospec", [64, 128]),
+                ("decode rate", "plain-topk1", [64, 128]),
+            ],
+        )
 
     def test_per_config_thresholds_only_for_load_aware_configs(self):
         parser = argparse.ArgumentParser()
