@@ -26,6 +26,9 @@ Usage:
 (`suggested`: the load-aware config gets the threshold from which no speculation stays as
 fast as its always-on reference, from the records of the two configs run before it.)
 
+--bench-serving also runs upstream's own client (python -m sglang.benchmark.serving, the
+old sglang.bench_serving) at each point's C against the same server, offline.
+
 The decode rate at a steady running batch, instead of the sweep and the ramp (into the
 same records):
   python benchmark/dynamic_spec/bench_sweep.py --preset llama8b --draft-accept 0.95
@@ -91,7 +94,8 @@ UPSTREAM_STEPS0 = dict(num_steps=0, topk=1, num_draft_tokens=1)
 SUGGESTED = "suggested"
 # Warm-up requests are short, whatever output length is measured.
 WARMUP_OUTPUT_LEN = 32
-# The per-point keys of summary.json (the machine-readable results).
+# The per-point keys of summary.json (the machine-readable results), and
+# bench_serving_output_tok_s where --bench-serving ran.
 SUMMARY_POINT_KEYS = (
     "config",
     "concurrency",
@@ -451,7 +455,8 @@ def config_server_args(args, config: Config, draft: str) -> List[str]:
             cuda_graph_max_bs=max_bs,
             max_running_requests=max_bs,
             mem_fraction_static=args.mem_fraction_static,
-            skip_tokenizer_init=True,
+            # bench_serving's sglang client counts and times only streamed text.
+            skip_tokenizer_init=not getattr(args, "bench_serving", False),
             enable_metrics=True,
         )
     )
@@ -601,7 +606,12 @@ def run_config(
         state = server_state(args.url)
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
         for concurrency in tqdm(args.concurrency, desc=config.name):
-            record["points"].append(measure_point(args, config, prompts, concurrency))
+            point = measure_point(args, config, prompts, concurrency)
+            if getattr(args, "bench_serving", False):
+                point["bench_serving"] = run_bench_serving(
+                    args, config, target, concurrency, log_dir
+                )
+            record["points"].append(point)
             save_with_decode_throughput(record)
         record["ramp"] = run_ramp(args, config, prompts)
         save_with_decode_throughput(record)
@@ -781,10 +791,15 @@ def measure_run(args, prompts: PromptSource, num: int, concurrency: int) -> Run:
     )
 
 
+def point_requests(args, concurrency: int) -> int:
+    """The requests of one closed loop at a concurrency."""
+    return max(args.min_requests, args.requests_per_concurrency * concurrency)
+
+
 def measure_point(
     args, config: Config, prompts: PromptSource, concurrency: int
 ) -> dict:
-    num = max(args.min_requests, args.requests_per_concurrency * concurrency)
+    num = point_requests(args, concurrency)
     before = server_state(args.url)
     runs = [measure_run(args, prompts, num, concurrency) for _ in range(args.repeats)]
     point = summarize(runs)
@@ -863,6 +878,103 @@ def measure_decode_rate(
         "window_s": statistics.median(run.wall for run in runs),
         "spec_step_share": spec_step_share(config, before, server_state(args.url)),
         "client_cpu_share": busy_client_share(runs, f"{config.name} batch {batch}"),
+    }
+
+
+# Upstream's serving benchmark (0.5.17 moved `python -m sglang.bench_serving`, now a
+# deprecated alias, here).
+BENCH_SERVING_MODULE = "sglang.benchmark.serving"
+# Nothing to download: the tokenizer is a local path, random-ids needs no dataset.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def bench_serving_command(
+    args, target: str, concurrency: int, num_prompts: int, output_file: str
+) -> List[str]:
+    """Upstream's bench_serving at one concurrency, with our point's workload:
+    num_prompts prompts of exactly --input-len random token ids (random-ids: no
+    dataset to download; sent as ids, as ours are), --output-len tokens each with
+    ignore_eos (its default), at most `concurrency` in flight, all issued at once;
+    the radix cache flushed after its warm-up request. It appends its results as
+    one JSON line to output_file."""
+    return [
+        sys.executable,
+        "-m",
+        BENCH_SERVING_MODULE,
+        "--backend",
+        "sglang",
+        "--base-url",
+        args.url,
+        "--model",
+        target,
+        "--tokenizer",
+        target,
+        "--dataset-name",
+        "random-ids",
+        "--tokenize-prompt",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--random-range-ratio",
+        "1.0",
+        "--num-prompts",
+        str(num_prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--flush-cache",
+        "--disable-tqdm",
+        "--output-file",
+        output_file,
+    ]
+
+
+def run_bench_serving(
+    args, config: Config, target: str, concurrency: int, log_dir: str
+) -> dict:
+    """--bench-serving: upstream's bench_serving at a point's concurrency against
+    the config's server, --repeats times; its output tok/s (median, spread), TTFT
+    and TPOT, from its --output-file. Its output goes to the log directory."""
+    num = point_requests(args, concurrency)
+    output_file = os.path.join(
+        log_dir, f"{config.name}-bench-serving-c{concurrency}.jsonl"
+    )
+    if os.path.exists(output_file):
+        os.remove(output_file)  # it appends
+    command = bench_serving_command(args, target, concurrency, num, output_file)
+    log_path = os.path.join(log_dir, f"{config.name}-bench-serving.log")
+    with open(log_path, "a") as log:
+        for _ in range(args.repeats):
+            done = subprocess.run(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **OFFLINE_ENV},
+            )
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"{config.name} C={concurrency}: bench_serving exited with "
+                    f"{done.returncode}; see {log_path}"
+                )
+    return {**bench_serving_result(output_file, num), "command": command}
+
+
+def bench_serving_result(output_file: str, num_prompts: int) -> dict:
+    """The runs bench_serving appended to output_file, summarized."""
+    with open(output_file) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    if not runs or any(run["completed"] != num_prompts for run in runs):
+        raise RuntimeError(
+            f"{output_file}: bench_serving completed "
+            f"{[run['completed'] for run in runs]} of {num_prompts} requests per run"
+        )
+    return {
+        "num_requests": sum(run["completed"] for run in runs),
+        **median_with_spread(run["output_throughput"] for run in runs),
+        "ttft_p50_ms": statistics.median(run["median_ttft_ms"] for run in runs),
+        "tpot_p50_ms": statistics.median(run["median_tpot_ms"] for run in runs),
     }
 
 
@@ -1334,6 +1446,13 @@ def results_markdown(records: List[dict], title: str) -> str:
             " log windows without prefill; plain steps unless marked):\n\n",
             decode,
         ]
+    second_client = bench_serving_table(swept)
+    if second_client:
+        sections += [
+            "\nOutput tok/s of upstream's bench_serving (--bench-serving) at the same C"
+            " against the same servers, median [min-max], and its ratio to ours:\n\n",
+            second_client,
+        ]
     rates = decode_rate_table(records)
     if rates:
         sections += [
@@ -1368,6 +1487,37 @@ def results_markdown(records: List[dict], title: str) -> str:
 def swept_records(records: List[dict]) -> List[dict]:
     """The records of sweeps (not only a --decode-rate section)."""
     return [r for r in records if "points" in r]
+
+
+def bench_serving_table(records: List[dict]) -> str:
+    measured = [r for r in records if any("bench_serving" in p for p in r["points"])]
+    if not measured:
+        return ""
+    concurrency = sorted({p["concurrency"] for r in measured for p in r["points"]})
+    lines = [
+        "| config | " + " | ".join(f"C={c}" for c in concurrency) + " |",
+        "|---" * (1 + len(concurrency)) + "|",
+    ]
+    for record in measured:
+        by_c = {p["concurrency"]: p for p in record["points"] if "bench_serving" in p}
+        cells = [
+            (
+                f"{rate_with_spread(by_c[c]['bench_serving'])}, "
+                f"{by_c[c]['bench_serving']['output_tok_s'] / by_c[c]['output_tok_s']:.2f}x"
+                if c in by_c
+                else "-"
+            )
+            for c in concurrency
+        ]
+        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_point(point: dict) -> dict:
+    summary = {k: point[k] for k in SUMMARY_POINT_KEYS}
+    if "bench_serving" in point:
+        summary["bench_serving_output_tok_s"] = point["bench_serving"]["output_tok_s"]
+    return summary
 
 
 def decode_rate_table(records: List[dict]) -> str:
@@ -1426,9 +1576,7 @@ def write_results(out_dir: str, records: List[dict]) -> None:
         "model": model,
         "gpu": ", ".join(gpus),
         "commit": ", ".join(commits),
-        "points": [
-            {k: p[k] for k in SUMMARY_POINT_KEYS} for r in swept for p in r["points"]
-        ],
+        "points": [summary_point(p) for r in swept for p in r["points"]],
         "ramp": [
             {"config": r["ramp"]["config"], "output_tok_s": r["ramp"]["output_tok_s"]}
             for r in swept
@@ -1599,6 +1747,16 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=1,
         help="measurements per point and of the ramp (median, spread)",
+    )
+    parser.add_argument(
+        "--bench-serving",
+        action="store_true",
+        help="after each point, also run upstream's bench_serving at its C against "
+        f"the same server (python -m {BENCH_SERVING_MODULE}: random-ids prompts of "
+        "--input-len token ids, --output-len tokens, as many prompts as one of the "
+        "point's closed loops, --repeats times) and record its output tok/s beside "
+        "ours; the servers then run with their tokenizer (no --skip-tokenizer-init), "
+        "since its client times the streamed text",
     )
     parser.add_argument(
         "--decode-rate",

@@ -22,7 +22,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.spec_engine_utils import synthetic_pair
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 BENCH = Path(__file__).resolve().parents[4] / "benchmark/dynamic_spec/bench_sweep.py"
 SUMMARY_POINT_KEYS = {
@@ -212,12 +212,13 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(sorted(p for p, _ in issued), list(range(5)))
         self.assertEqual(max(n for _, n in issued), 2)
 
-    def against_server(self, generate, load):
-        """Runs load(url) against a local server whose /generate is generate."""
+    def against_server(self, generate, load, routes=None):
+        """Runs load(url) against a local server whose /generate is generate (or
+        whose routes are routes)."""
 
         async def serve_and_load():
             app = web.Application()
-            app.router.add_post("/generate", generate)
+            app.add_routes(routes or [web.post("/generate", generate)])
             runner = web.AppRunner(app)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
@@ -912,6 +913,215 @@ class TestBenchSweepResults(CustomTestCase):
             [
                 ("decode rate", "nospec", [64, 128]),
                 ("decode rate", "plain-topk1", [64, 128]),
+            ],
+        )
+
+    def bench_serving_args(self, url: str = "http://127.0.0.1:1") -> argparse.Namespace:
+        return argparse.Namespace(
+            url=url,
+            input_len=16,
+            output_len=8,
+            min_requests=4,
+            requests_per_concurrency=2,
+            repeats=1,
+        )
+
+    def test_bench_serving_gets_our_workload_offline(self):
+        args = self.bench_serving_args()
+        command = self.bench.bench_serving_command(args, "/models/t", 8, 32, "/o.jsonl")
+        self.assertEqual(
+            command[:3], [sys.executable, "-m", "sglang.benchmark.serving"]
+        )
+        flags = dict(zip(command[3::2], command[4::2]))
+        self.assertEqual(
+            {
+                k: flags[k]
+                for k in ("--backend", "--base-url", "--model", "--tokenizer")
+            },
+            {
+                "--backend": "sglang",
+                "--base-url": "http://127.0.0.1:1",
+                "--model": "/models/t",
+                "--tokenizer": "/models/t",
+            },
+        )
+        # random-ids, not random: "random" downloads ShareGPT to sample from.
+        self.assertEqual(command[command.index("--dataset-name") + 1], "random-ids")
+        self.assertNotIn("--dataset-path", command)
+        self.assertIn("--tokenize-prompt", command)
+        self.assertIn("--flush-cache", command)
+        self.assertNotIn("--disable-ignore-eos", command)
+        for flag, value in [
+            ("--random-input-len", "16"),
+            ("--random-output-len", "8"),
+            ("--random-range-ratio", "1.0"),  # exactly those lengths
+            ("--num-prompts", "32"),
+            ("--max-concurrency", "8"),
+            ("--output-file", "/o.jsonl"),
+        ]:
+            self.assertEqual(command[command.index(flag) + 1], value, flag)
+        self.assertEqual(
+            self.bench.OFFLINE_ENV, {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        )
+        # Its client counts and times only streamed text: servers keep their tokenizer.
+        server = argparse.Namespace(
+            attention_backend="triton",
+            tp_size=1,
+            concurrency=[8],
+            mem_fraction_static=0.8,
+        )
+        nospec = self.bench.KNOWN_CONFIGS["nospec"]
+        self.assertIn(
+            "--skip-tokenizer-init", self.bench.config_server_args(server, nospec, "/d")
+        )
+        server.bench_serving = True
+        self.assertNotIn(
+            "--skip-tokenizer-init", self.bench.config_server_args(server, nospec, "/d")
+        )
+
+    def test_bench_serving_results_come_from_its_output_file(self):
+        runs = [
+            {
+                "completed": 4,
+                "output_throughput": r,
+                "median_ttft_ms": t,
+                "median_tpot_ms": 2.0,
+            }
+            for r, t in ((300.0, 9.0), (100.0, 7.0), (200.0, 8.0))
+        ]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp, "o.jsonl")
+            path.write_text("".join(json.dumps(r) + "\n" for r in runs))
+            self.assertEqual(
+                self.bench.bench_serving_result(str(path), 4),
+                {
+                    "num_requests": 12,
+                    "output_tok_s": 200.0,
+                    "output_tok_s_min": 100.0,
+                    "output_tok_s_max": 300.0,
+                    "ttft_p50_ms": 8.0,
+                    "tpot_p50_ms": 2.0,
+                },
+            )
+            with self.assertRaisesRegex(RuntimeError, r"completed \[4, 4, 4\] of 5"):
+                self.bench.bench_serving_result(str(path), 5)
+
+    def test_bench_serving_runs_against_the_server_offline(self):
+        """The real bench_serving of this sglang, against a stand-in server that
+        streams text as a server with its tokenizer does."""
+        generated, flushed = [], []
+
+        async def generate(request):
+            body = await request.json()
+            generated.append(body)
+            response = web.StreamResponse()
+            await response.prepare(request)
+            n = body["sampling_params"]["max_new_tokens"]
+            for i in range(1, n + 1):
+                chunk = {
+                    "text": " ".join(["w5"] * i),
+                    "meta_info": {"completion_tokens": i},
+                }
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await asyncio.sleep(0.002)
+            await response.write(b"data: [DONE]\n\n")
+            return response
+
+        async def flush(request):
+            flushed.append(True)
+            return web.Response(text="ok")
+
+        async def models(request):
+            return web.json_response({"data": [{"id": "m"}]})
+
+        async def info(request):
+            return web.json_response({})
+
+        routes = [
+            web.post("/generate", generate),
+            web.post("/flush_cache", flush),
+            web.get("/v1/models", models),
+            web.get("/server_info", info),
+        ]
+        config = self.bench.KNOWN_CONFIGS["nospec"]
+        with tempfile.TemporaryDirectory() as root, mock.patch.dict(
+            os.environ, {"SGLANG_SYNTHETIC_MODELS_DIR": root}
+        ):
+            target, _ = synthetic_pair("tiny", 0.8)
+
+            async def load(url):
+                args = self.bench_serving_args(url)
+                return await asyncio.to_thread(
+                    self.bench.run_bench_serving, args, config, target, 2, root
+                )
+
+            result = self.against_server(None, load, routes)
+            self.assertTrue(Path(root, "nospec-bench-serving.log").is_file())
+        self.assertEqual(result["num_requests"], 4)
+        self.assertGreater(result["output_tok_s"], 0)
+        self.assertGreater(result["ttft_p50_ms"], 0)
+        self.assertEqual(flushed, [True])
+        self.assertEqual(len(generated), 5)  # its warm-up request, then 4
+        measured = generated[1:]
+        self.assertEqual({len(b["input_ids"]) for b in measured}, {16})
+        self.assertEqual(
+            {b["sampling_params"]["max_new_tokens"] for b in measured}, {8}
+        )
+        self.assertTrue(all(b["sampling_params"]["ignore_eos"] for b in measured))
+        self.assertEqual(len({tuple(b["input_ids"]) for b in measured}), 4)
+
+    def test_bench_serving_is_recorded_beside_our_point(self):
+        record = self.record("nospec", 100.0)
+        record["points"][1]["bench_serving"] = {
+            "output_tok_s": 760.0,
+            "output_tok_s_min": 750.0,
+            "output_tok_s_max": 770.0,
+        }
+        table = self.bench.bench_serving_table([record, self.record("eagle3-topk1", 1)])
+        self.assertIn("| config | C=1 | C=8 |", table)
+        self.assertIn("| nospec | - | 760 [750-770], 0.95x |", table)
+        self.assertNotIn("eagle3-topk1", table)
+        self.assertEqual(
+            self.bench.summary_point(record["points"][1])["bench_serving_output_tok_s"],
+            760.0,
+        )
+        self.assertEqual(
+            set(self.bench.summary_point(record["points"][0])), SUMMARY_POINT_KEYS
+        )
+
+    def test_a_point_runs_bench_serving_when_asked(self):
+        calls = []
+
+        @contextlib.contextmanager
+        def serving(args, config, target, draft, prompts, warmup, log_path):
+            Path(log_path).write_text("")
+            yield {"server_args": [], "env": {}}
+
+        def run_bench_serving(args, config, target, concurrency, log_dir):
+            calls.append((config.name, target, concurrency))
+            return {"output_tok_s": 1.0}
+
+        args = argparse.Namespace(
+            url="u", concurrency=[1, 8], ramp=[1], input_len=4, bench_serving=True
+        )
+        saved = []
+        with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
+            self.bench,
+            serving=serving,
+            server_state=lambda url: {"memory_usage": {"token_capacity": 9}},
+            measure_point=lambda args, config, prompts, c: {"concurrency": c},
+            run_bench_serving=run_bench_serving,
+            run_ramp=lambda args, config, prompts: {},
+            tqdm=lambda items, desc: items,
+        ):
+            config = self.bench.KNOWN_CONFIGS["nospec"]
+            self.bench.run_config(args, config, "/t", "/d", log_dir, saved.append)
+        self.assertEqual(calls, [("nospec", "/t", 1), ("nospec", "/t", 8)])
+        self.assertEqual(
+            saved[-1]["points"],
+            [
+                {"concurrency": c, "bench_serving": {"output_tok_s": 1.0}}
+                for c in (1, 8)
             ],
         )
 
