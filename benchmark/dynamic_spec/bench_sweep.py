@@ -1,5 +1,7 @@
 """Throughput and latency vs concurrency, side by side: no speculation, EAGLE-3 always on,
-the fork's load-aware speculation, and upstream's adaptive speculation.
+the fork's load-aware speculation, and upstream's adaptive speculation (on the fork, and
+on pristine upstream: the upstream-* configs' servers import the pristine tree that
+`tools/fork sync` extracts, python/.fork/pristine/, instead of the fork).
 
 One fresh server process per config (the previous one killed and the GPU checked idle);
 concurrency is swept inside it, then the ramp changes it in phases without draining in
@@ -23,6 +25,15 @@ Usage:
 
 (`suggested`: the load-aware config gets the threshold from which no speculation stays as
 fast as its always-on reference, from the records of the two configs run before it.)
+
+--bench-serving also runs upstream's own client (python -m sglang.benchmark.serving, the
+old sglang.bench_serving) at each point's C against the same server, offline.
+
+The decode rate at a steady running batch, instead of the sweep and the ramp (into the
+same records):
+  python benchmark/dynamic_spec/bench_sweep.py --preset llama8b --draft-accept 0.95
+      --configs nospec,upstream-steps0-topk1,plain-topk1,plain-topk4
+      --decode-rate 64,128,256 --repeats 3
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import (
     Any,
@@ -70,12 +82,20 @@ from sglang.test.spec_engine_utils import (
 )
 from tqdm import tqdm
 
-V1 = {"SGLANG_ENABLE_SPEC_V2": "0"}
+# --speculative-adaptive-config of upstream-steps0-topk1 (0.5.17's
+# speculative/adaptive_spec_params.py): the "1" tier covers every batch size (a batch
+# goes to the largest tier key <= it, smaller ones to the smallest), candidate steps
+# [0] only, so the controller never leaves 0.
+STEPS0_ADAPTIVE_CONFIG = {"1": {"candidate_steps": [0]}}
+# eagle3_args' step counts at steps 0: upstream takes the initial step count from
+# --speculative-num-steps, which must be a candidate, and one draft token (the root).
+UPSTREAM_STEPS0 = dict(num_steps=0, topk=1, num_draft_tokens=1)
 # --disable-threshold-for CONFIG=suggested: the threshold the static configs' records suggest.
 SUGGESTED = "suggested"
 # Warm-up requests are short, whatever output length is measured.
 WARMUP_OUTPUT_LEN = 32
-# The per-point keys of summary.json (the machine-readable results).
+# The per-point keys of summary.json (the machine-readable results), and
+# bench_serving_output_tok_s where --bench-serving ran.
 SUMMARY_POINT_KEYS = (
     "config",
     "concurrency",
@@ -85,6 +105,14 @@ SUMMARY_POINT_KEYS = (
     "ttft_p50_ms",
     "accept_length",
     "spec_step_share",
+)
+# The per-batch keys of summary.json's decode rates.
+DECODE_RATE_KEYS = (
+    "config",
+    "batch",
+    "output_tok_s",
+    "output_tok_s_min",
+    "output_tok_s_max",
 )
 
 
@@ -96,6 +124,11 @@ class Config:
     env: Dict[str, str]
     # Load-aware configs only: the same speculation always on, which they are judged against.
     always_on: Optional[str] = None
+    # The server imports pristine upstream (tools/fork's extraction of the pinned
+    # wheel, PRISTINE_DIR) instead of the fork.
+    pristine: bool = False
+    # Written to a file passed as --speculative-adaptive-config.
+    adaptive_config: Optional[Dict[str, dict]] = None
 
     @property
     def load_aware(self) -> bool:
@@ -106,7 +139,7 @@ def build_configs(
     disable_threshold: int, per_config: Optional[Dict[str, int]] = None
 ) -> Dict[str, Config]:
     """per_config: disable thresholds of named load-aware configs (the others get
-    disable_threshold)."""
+    disable_threshold, the plain-* configs 2)."""
 
     def load_aware(
         name: str,
@@ -114,59 +147,70 @@ def build_configs(
         env: Dict[str, str],
         always_on: str,
         extra_args: Sequence[str] = (),
+        threshold: Optional[int] = None,
     ) -> Config:
-        threshold = (per_config or {}).get(name, disable_threshold)
+        threshold = (per_config or {}).get(name, threshold or disable_threshold)
         flags = ["--speculative-disable-batch-threshold", str(threshold), *extra_args]
         return Config(name, spec, flags, env, always_on=always_on)
 
-    # The full draft forward on every plain step (drafts that cannot write their KV
-    # alone): what the KV-only write saves, on either worker.
-    full_catch_up = {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
     adaptive = ["--speculative-adaptive"]
+    # Every speculative config runs on the spec-v2 overlap worker (EAGLEWorkerV2, the
+    # only one 0.5.17 has; trees at page size 1).
     return {
         c.name: c
         for c in [
+            # The reference: no speculation.
             Config("nospec", None, [], {}),
-            # The v1 worker (the -v1 configs) runs without the overlap scheduler:
-            # the reference its plain steps can reach.
-            Config("nospec-no-overlap", None, ["--disable-overlap-schedule"], {}),
-            # Chains and trees (page size 1) run on the spec-v2 overlap worker; the
-            # -v1 configs on the v1 worker, which has no overlap scheduler.
+            # EAGLE-3 chain (topk 1) always on: the topk 1 configs' reference.
             Config("eagle3-topk1", EAGLE3_CHAIN, [], {}),
-            # The target's prefill without piecewise CUDA graphs, as every EAGLE server
-            # ran it before patch 0021.
-            Config(
-                "eagle3-topk1-eager-prefill",
-                EAGLE3_CHAIN,
-                ["--disable-piecewise-cuda-graph"],
-                {},
-            ),
+            # EAGLE-3 draft tree (topk 4) always on: the topk 4 configs' reference.
             Config("eagle3-topk4", EAGLE3_TREE, [], {}),
-            Config("eagle3-topk4-v1", EAGLE3_TREE, [], V1),
+            # Load-aware chain: speculates below the threshold, plain steps from it.
             load_aware("loadaware-topk1", EAGLE3_CHAIN, {}, "eagle3-topk1"),
+            # The same with the full draft forward on every plain step (drafts that
+            # cannot write their KV alone): what the KV-only catch-up saves.
             load_aware(
                 "loadaware-topk1-full-catch-up",
                 EAGLE3_CHAIN,
-                full_catch_up,
+                {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"},
                 "eagle3-topk1",
             ),
-            load_aware("loadaware-topk1-v1", EAGLE3_CHAIN, V1, "eagle3-topk1"),
+            # Load-aware draft tree.
             load_aware("loadaware-topk4", EAGLE3_TREE, {}, "eagle3-topk4"),
-            load_aware("loadaware-topk4-v1", EAGLE3_TREE, V1, "eagle3-topk4-v1"),
-            load_aware(
-                "loadaware-topk4-v1-full-catch-up",
-                EAGLE3_TREE,
-                {**V1, **full_catch_up},
-                "eagle3-topk4-v1",
-            ),
-            Config("upstream-adaptive-topk1", EAGLE3_CHAIN, adaptive, {}),
+            # The fork's plain step at every running batch >= 2 (a lone request
+            # speculates), chain: its decode rate against nospec's and upstream's
+            # steps-0 step's (upstream-steps0-topk1).
+            load_aware("plain-topk1", EAGLE3_CHAIN, {}, "eagle3-topk1", threshold=2),
+            # The same for the draft tree.
+            load_aware("plain-topk4", EAGLE3_TREE, {}, "eagle3-topk4", threshold=2),
+            # Upstream's adaptive step count on the fork: its steps-0 tiers (a
+            # candidate from batch 8, the only one from 64 in upstream's default
+            # config) run the fork's plain step instead of upstream's steps-0 step.
+            Config("adaptive-topk1", EAGLE3_CHAIN, adaptive, {}),
             # Upstream's adaptive step count while speculating, plain steps under load.
             load_aware(
                 "loadaware-adaptive-topk1",
                 EAGLE3_CHAIN,
                 {},
-                "upstream-adaptive-topk1",
+                "adaptive-topk1",
                 adaptive,
+            ),
+            # Pristine upstream 0.5.17 (not the fork) with its adaptive mode and
+            # default config: what upstream gives, steps-0 tiers included.
+            Config(
+                "upstream-adaptive-topk1", EAGLE3_CHAIN, adaptive, {}, pristine=True
+            ),
+            # Pristine upstream with steps 0 at every batch size: upstream's own
+            # steps-0 step (a one-node TARGET_VERIFY and the full draft extend)
+            # always, against the fork's plain-topk1 and nospec. Upstream refuses an
+            # initial step count outside the candidates: it starts at 0.
+            Config(
+                "upstream-steps0-topk1",
+                UPSTREAM_STEPS0,
+                adaptive,
+                {},
+                pristine=True,
+                adaptive_config=STEPS0_ADAPTIVE_CONFIG,
             ),
         ]
     }
@@ -197,9 +241,29 @@ def client_session() -> aiohttp.ClientSession:
     )
 
 
+# A streamed chunk's output token count, found from the end (its output_ids, before
+# meta_info, grow with every chunk).
+COMPLETION_TOKENS_KEY = b'"completion_tokens":'
+COMPLETION_TOKENS_VALUE = re.compile(rb"\s*(\d+)")
+
+
+def streamed_tokens(chunk: bytes) -> Optional[int]:
+    """completion_tokens of a streamed chunk (None: it has none, e.g. an error)."""
+    at = chunk.rfind(COMPLETION_TOKENS_KEY)
+    if at < 0:
+        return None
+    match = COMPLETION_TOKENS_VALUE.match(chunk, at + len(COMPLETION_TOKENS_KEY))
+    return int(match.group(1)) if match else None
+
+
 async def one_request(
-    session: aiohttp.ClientSession, url: str, input_ids: List[int], output_len: int
+    session: aiohttp.ClientSession,
+    url: str,
+    input_ids: List[int],
+    output_len: int,
+    timeline: Optional[List[Tuple[float, int]]] = None,
 ) -> RequestResult:
+    """timeline: gets (time, output tokens so far) of every streamed chunk."""
     payload = {
         "input_ids": input_ids,
         "sampling_params": {
@@ -219,6 +283,10 @@ async def one_request(
                 continue
             if ttft is None:
                 ttft = time.perf_counter() - start
+            if timeline is not None:
+                tokens = streamed_tokens(line)
+                if tokens is not None:
+                    timeline.append((time.perf_counter(), tokens))
             last = line
     end = time.perf_counter()
     if not last:
@@ -379,7 +447,7 @@ def backend_env(args) -> Dict[str, str]:
 
 def config_server_args(args, config: Config, draft: str) -> List[str]:
     """launch_server flags of a config: shared serving flags, then its speculation."""
-    max_bs = max(args.concurrency)
+    max_bs = max([*args.concurrency, *(getattr(args, "decode_rate", None) or [])])
     server_args = cli_args(
         dict(
             attention_backend=args.attention_backend,
@@ -387,13 +455,91 @@ def config_server_args(args, config: Config, draft: str) -> List[str]:
             cuda_graph_max_bs=max_bs,
             max_running_requests=max_bs,
             mem_fraction_static=args.mem_fraction_static,
-            skip_tokenizer_init=True,
+            # bench_serving's sglang client counts and times only streamed text.
+            skip_tokenizer_init=not getattr(args, "bench_serving", False),
             enable_metrics=True,
         )
     )
     if config.spec is not None:
         server_args += cli_args(eagle3_args(draft, **config.spec))
-    return server_args + config.extra_args
+    server_args += config.extra_args
+    if config.adaptive_config is not None:
+        server_args += ["--speculative-adaptive-config", adaptive_config_file(config)]
+    return server_args
+
+
+def adaptive_config_file(config: Config) -> str:
+    """config.adaptive_config, written to a JSON file in the temp directory."""
+    path = os.path.join(tempfile.gettempdir(), f"bench_sweep-{config.name}.json")
+    with open(path, "w") as f:
+        json.dump(config.adaptive_config, f, indent=1)
+    return path
+
+
+# Where `tools/fork sync` extracts the pinned upstream wheel, relative to the
+# repository root (tools/forklib/wheel.py: pristine_package): one directory per
+# wheel, PRISTINE_DIR/<its sha256[:16]>/sglang/, with a .complete file naming it.
+PRISTINE_DIR = os.path.join("python", ".fork", "pristine")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def pristine_upstream(root: str = REPO_ROOT) -> Dict[str, str]:
+    """The pristine upstream tree of the pristine configs: {"pythonpath": the
+    directory holding its sglang/ package, "wheel": the wheel it came from}. Of
+    several extractions, the one of this interpreter's wheel. Exits when there is
+    none."""
+    base = os.path.join(root, PRISTINE_DIR)
+    extracted = {}  # wheel file name -> directory
+    if os.path.isdir(base):
+        for name in sorted(os.listdir(base)):
+            complete = os.path.join(base, name, ".complete")
+            package = os.path.join(base, name, "sglang", "__init__.py")
+            if os.path.isfile(complete) and os.path.isfile(package):
+                with open(complete) as f:
+                    extracted[f.read().strip()] = os.path.join(base, name)
+    python_tag = f"-cp{sys.version_info.major}{sys.version_info.minor}-"
+    ours = [wheel for wheel in extracted if python_tag in wheel]
+    if len(extracted) == 1 or len(ours) == 1:
+        wheel = ours[0] if ours else next(iter(extracted))
+        return {"pythonpath": extracted[wheel], "wheel": wheel}
+    found = f"found {sorted(extracted)}" if extracted else "found none"
+    sys.exit(
+        f"pristine upstream: no single extracted upstream package under {base} "
+        f"({found}); the pristine configs need one: run `python3 tools/fork sync` "
+        f"in {root} (offline: SGLANG_FORK_UPSTREAM_WHEEL=<the pinned wheel>)"
+    )
+
+
+def server_env(args, config: Config) -> Dict[str, str]:
+    """The environment a config's server gets on top of ours. A pristine config's
+    PYTHONPATH starts with pristine upstream, which then shadows the fork."""
+    env = {**config.env, **backend_env(args)}
+    if config.pristine:
+        paths = [pristine_upstream()["pythonpath"], os.environ.get("PYTHONPATH")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def code_that_runs(config: Config, env: Dict[str, str]) -> Dict[str, str]:
+    """Which sglang a server with env imports: "fork" or "pristine upstream", the
+    package's __init__.py (found, not imported) and, for pristine, its wheel."""
+    find = "import importlib.util; print(importlib.util.find_spec('sglang').origin)"
+    origin = subprocess.run(
+        [sys.executable, "-c", find],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not config.pristine:
+        return {"sglang": "fork", "origin": origin}
+    pristine = pristine_upstream()
+    if not origin.startswith(pristine["pythonpath"] + os.sep):
+        raise RuntimeError(
+            f"{config.name}: the server would import sglang from {origin}, "
+            f"not from pristine upstream in {pristine['pythonpath']}"
+        )
+    return {"sglang": "pristine upstream", "origin": origin, "wheel": pristine["wheel"]}
 
 
 def warm_up(url: str, prompts: PromptSource, concurrencies: Iterable[int]) -> None:
@@ -420,14 +566,17 @@ def serving(
     """A fresh server of a config (the previous one gone, the GPU idle), warmed up at
     warmup_concurrencies; yields how it was launched. log_path: the server's output
     (default: ours)."""
+    env = server_env(args, config)
+    launch = {"code": code_that_runs(config, env), "env": env}
+    if config.adaptive_config is not None:
+        launch["adaptive_config"] = config.adaptive_config
     wait_gpu_idle()
     server_args = config_server_args(args, config, draft)
-    env = {**config.env, **backend_env(args)}
     with running_server(
         target, server_args, env=env, base_url=args.url, log_path=log_path
     ):
         warm_up(args.url, prompts, warmup_concurrencies)
-        yield {"server_args": server_args, "env": env}
+        yield {"server_args": server_args, **launch}
 
 
 def run_config(
@@ -457,10 +606,54 @@ def run_config(
         state = server_state(args.url)
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
         for concurrency in tqdm(args.concurrency, desc=config.name):
-            record["points"].append(measure_point(args, config, prompts, concurrency))
+            point = measure_point(args, config, prompts, concurrency)
+            if getattr(args, "bench_serving", False):
+                point["bench_serving"] = run_bench_serving(
+                    args, config, target, concurrency, log_dir
+                )
+            record["points"].append(point)
             save_with_decode_throughput(record)
         record["ramp"] = run_ramp(args, config, prompts)
         save_with_decode_throughput(record)
+
+
+def run_decode_rate(
+    args,
+    config: Config,
+    target: str,
+    draft: str,
+    log_dir: str,
+    save: Callable[[dict], None],
+) -> None:
+    """--decode-rate: a config's decode rate at each steady running batch, in a fresh
+    server; save() gets the record's decode_rate section after every batch size."""
+    prompts = PromptSource(args.input_len)
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, f"{config.name}-decode-rate.log")
+    with serving(
+        args, config, target, draft, prompts, args.decode_rate, log_path
+    ) as launch:
+        capacity = server_state(args.url)["memory_usage"]["token_capacity"]
+        section = {
+            **launch,
+            "kv_capacity_tokens": capacity,
+            "input_len": args.input_len,
+            "output_len": args.decode_output_len,
+            "points": [],
+        }
+        for batch in tqdm(args.decode_rate, desc=f"{config.name} decode rate"):
+            if batch * (args.input_len + args.decode_output_len) > capacity:
+                raise RuntimeError(
+                    f"{config.name}: {batch} requests of {args.input_len} + "
+                    f"{args.decode_output_len} tokens do not fit in its KV cache "
+                    f"({capacity} tokens); lower --decode-output-len"
+                )
+            section["points"].append(measure_decode_rate(args, config, prompts, batch))
+            with open(log_path, errors="replace") as log:
+                section["decode_tok_s"] = decode_throughput(
+                    log, config.spec is not None
+                )
+            save({"config": config.name, "decode_rate": section})
 
 
 def finished(record: Optional[dict]) -> bool:
@@ -598,26 +791,191 @@ def measure_run(args, prompts: PromptSource, num: int, concurrency: int) -> Run:
     )
 
 
+def point_requests(args, concurrency: int) -> int:
+    """The requests of one closed loop at a concurrency."""
+    return max(args.min_requests, args.requests_per_concurrency * concurrency)
+
+
 def measure_point(
     args, config: Config, prompts: PromptSource, concurrency: int
 ) -> dict:
-    num = max(args.min_requests, args.requests_per_concurrency * concurrency)
+    num = point_requests(args, concurrency)
     before = server_state(args.url)
     runs = [measure_run(args, prompts, num, concurrency) for _ in range(args.repeats)]
-    client_cpu_share = sum(r.client_cpu for r in runs) / sum(r.wall for r in runs)
-    if client_cpu_share > CLIENT_CPU_SHARE_WARNING:
-        tqdm.write(
-            f"{config.name} C={concurrency}: the client kept {client_cpu_share:.0%} "
-            "of a core busy; it may have limited this point, not the server"
-        )
     point = summarize(runs)
     point.update(
         config=config.name,
         concurrency=concurrency,
         spec_step_share=spec_step_share(config, before, server_state(args.url)),
-        client_cpu_share=client_cpu_share,
+        client_cpu_share=busy_client_share(runs, f"{config.name} C={concurrency}"),
     )
     return point
+
+
+def busy_client_share(runs: List[Run], point: str) -> float:
+    """The share of a core the client kept busy over the runs, with a warning when
+    it may have set the pace."""
+    share = sum(r.client_cpu for r in runs) / sum(r.wall for r in runs)
+    if share > CLIENT_CPU_SHARE_WARNING:
+        tqdm.write(
+            f"{point}: the client kept {share:.0%} of a core busy; it may have "
+            "limited this point, not the server"
+        )
+    return share
+
+
+async def decode_rate_loop(url: str, prompts: List[List[int]], output_len: int) -> Run:
+    """len(prompts) requests at once, output_len tokens each: the output tokens they
+    streamed between the moment the last of them streamed its first token (all
+    prefilled, every one decoding) and the first one's last token (none finished),
+    over that window. In it the server runs decode steps of exactly len(prompts)
+    requests, with no prefill and no finish; tokens are counted from the chunks
+    each request streamed by either end."""
+    timelines: List[List[Tuple[float, int]]] = [[] for _ in prompts]
+    began, cpu_began = time.perf_counter(), time.process_time()
+    async with client_session() as session:
+        results = await asyncio.gather(
+            *(
+                one_request(session, url, prompt, output_len, timeline)
+                for prompt, timeline in zip(prompts, timelines)
+            )
+        )
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+    start = max(timeline[0][0] for timeline in timelines)
+    end = min(timeline[-1][0] for timeline in timelines)
+    if end <= start:
+        raise RuntimeError(
+            f"batch {len(prompts)}: a request finished before the last one started "
+            "decoding; raise --decode-output-len (or the server did not run them all "
+            "at once)"
+        )
+    tokens = sum(tokens_by(t, end) - tokens_by(t, start) for t in timelines)
+    # The client's CPU share over the whole run, for the window.
+    return Run(results, tokens, end - start, cpu * (end - start) / wall)
+
+
+def tokens_by(timeline: List[Tuple[float, int]], moment: float) -> int:
+    """The output tokens a request had streamed by moment."""
+    return next((tokens for at, tokens in reversed(timeline) if at <= moment), 0)
+
+
+def measure_decode_rate(
+    args, config: Config, prompts: PromptSource, batch: int
+) -> dict:
+    """The output tok/s of a running batch of `batch` decoding requests, args.repeats
+    times (median and spread), each time new prompts."""
+    before = server_state(args.url)
+    runs = [
+        asyncio.run(
+            decode_rate_loop(args.url, prompts.take(batch), args.decode_output_len)
+        )
+        for _ in range(args.repeats)
+    ]
+    return {
+        "config": config.name,
+        "batch": batch,
+        **median_with_spread(run.tokens / run.wall for run in runs),
+        "window_s": statistics.median(run.wall for run in runs),
+        "spec_step_share": spec_step_share(config, before, server_state(args.url)),
+        "client_cpu_share": busy_client_share(runs, f"{config.name} batch {batch}"),
+    }
+
+
+# Upstream's serving benchmark (0.5.17 moved `python -m sglang.bench_serving`, now a
+# deprecated alias, here).
+BENCH_SERVING_MODULE = "sglang.benchmark.serving"
+# Nothing to download: the tokenizer is a local path, random-ids needs no dataset.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def bench_serving_command(
+    args, target: str, concurrency: int, num_prompts: int, output_file: str
+) -> List[str]:
+    """Upstream's bench_serving at one concurrency, with our point's workload:
+    num_prompts prompts of exactly --input-len random token ids (random-ids: no
+    dataset to download; sent as ids, as ours are), --output-len tokens each with
+    ignore_eos (its default), at most `concurrency` in flight, all issued at once;
+    the radix cache flushed after its warm-up request. It appends its results as
+    one JSON line to output_file."""
+    return [
+        sys.executable,
+        "-m",
+        BENCH_SERVING_MODULE,
+        "--backend",
+        "sglang",
+        "--base-url",
+        args.url,
+        "--model",
+        target,
+        "--tokenizer",
+        target,
+        "--dataset-name",
+        "random-ids",
+        "--tokenize-prompt",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--random-range-ratio",
+        "1.0",
+        "--num-prompts",
+        str(num_prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--flush-cache",
+        "--disable-tqdm",
+        "--output-file",
+        output_file,
+    ]
+
+
+def run_bench_serving(
+    args, config: Config, target: str, concurrency: int, log_dir: str
+) -> dict:
+    """--bench-serving: upstream's bench_serving at a point's concurrency against
+    the config's server, --repeats times; its output tok/s (median, spread), TTFT
+    and TPOT, from its --output-file. Its output goes to the log directory."""
+    num = point_requests(args, concurrency)
+    output_file = os.path.join(
+        log_dir, f"{config.name}-bench-serving-c{concurrency}.jsonl"
+    )
+    if os.path.exists(output_file):
+        os.remove(output_file)  # it appends
+    command = bench_serving_command(args, target, concurrency, num, output_file)
+    log_path = os.path.join(log_dir, f"{config.name}-bench-serving.log")
+    with open(log_path, "a") as log:
+        for _ in range(args.repeats):
+            done = subprocess.run(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **OFFLINE_ENV},
+            )
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"{config.name} C={concurrency}: bench_serving exited with "
+                    f"{done.returncode}; see {log_path}"
+                )
+    return {**bench_serving_result(output_file, num), "command": command}
+
+
+def bench_serving_result(output_file: str, num_prompts: int) -> dict:
+    """The runs bench_serving appended to output_file, summarized."""
+    with open(output_file) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    if not runs or any(run["completed"] != num_prompts for run in runs):
+        raise RuntimeError(
+            f"{output_file}: bench_serving completed "
+            f"{[run['completed'] for run in runs]} of {num_prompts} requests per run"
+        )
+    return {
+        "num_requests": sum(run["completed"] for run in runs),
+        **median_with_spread(run["output_throughput"] for run in runs),
+        "ttft_p50_ms": statistics.median(run["median_ttft_ms"] for run in runs),
+        "tpot_p50_ms": statistics.median(run["median_tpot_ms"] for run in runs),
+    }
 
 
 async def ramp_loop(
@@ -892,8 +1250,9 @@ def targets_table(records: List[dict]) -> str:
         "|---" * (1 + len(TARGETS)) + "|",
     ]
     for record in records:
-        if not KNOWN_CONFIGS[record["config"]].load_aware:
-            continue
+        config = KNOWN_CONFIGS.get(record["config"])
+        if config is None or not config.load_aware:
+            continue  # not load-aware, or no longer known
         cells = []
         for (_, low), ratio in zip(TARGETS, target_ratios(record, by_name)):
             if ratio is None:
@@ -1020,17 +1379,31 @@ def results_dir(args) -> str:
 
 def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dict]:
     """Add a config's record to raw.json, replacing an older record of it unless
-    that one is finished and this one is not; returns all records, in config order."""
-    order = list(KNOWN_CONFIGS)
+    that one is finished and this one is not; returns all records, in config order.
+    A record of --decode-rate (its decode_rate section only, no points) replaces
+    only the older record's section; a sweep's record keeps it."""
+    name = record["config"]
     with results_lock(out_dir):
         records = records_by_config(out_dir)
-        older = records.get(record["config"])
-        if finished(record) or not finished(older):
-            records[record["config"]] = {**record, **header}
-        merged = sorted(records.values(), key=lambda r: order.index(r["config"]))
+        older = records.get(name)
+        if "points" not in record:
+            base = older or {"config": name, **header}
+            records[name] = {**base, "decode_rate": {**record["decode_rate"], **header}}
+        elif finished(record) or not finished(older):
+            kept = {k: v for k, v in (older or {}).items() if k == "decode_rate"}
+            records[name] = {**kept, **record, **header}
+        merged = sorted(records.values(), key=config_order)
         with open(os.path.join(out_dir, "raw.json"), "w") as f:
             json.dump({"model": header["model"], "records": merged}, f, indent=1)
     return merged
+
+
+def config_order(record: dict) -> int:
+    """A record's place: KNOWN_CONFIGS' order, then the configs that no longer exist
+    (in earlier results: the v1 worker's)."""
+    order = list(KNOWN_CONFIGS)
+    name = record["config"]
+    return order.index(name) if name in order else len(order)
 
 
 @contextlib.contextmanager
@@ -1062,52 +1435,165 @@ def record_saver(out_dir: str, header: Dict[str, str]) -> Callable[[dict], None]
 
 
 def results_markdown(records: List[dict], title: str) -> str:
-    sections = [f"# {title}\n\n", markdown_table(records)]
-    decode = decode_table(records)
+    swept = swept_records(records)
+    sections = [f"# {title}\n\n"]
+    if swept:
+        sections.append(markdown_table(swept))
+    decode = decode_table(swept)
     if decode:
         sections += [
             "\nDecode tok/s the servers logged at a steady running batch (median over"
             " log windows without prefill; plain steps unless marked):\n\n",
             decode,
         ]
+    second_client = bench_serving_table(swept)
+    if second_client:
+        sections += [
+            "\nOutput tok/s of upstream's bench_serving (--bench-serving) at the same C"
+            " against the same servers, median [min-max], and its ratio to ours:\n\n",
+            second_client,
+        ]
+    rates = decode_rate_table(records)
+    if rates:
+        sections += [
+            "\nDecode rate at a steady running batch (--decode-rate): output tok/s of"
+            " B requests decoding at once, from the moment the last of them streamed"
+            " its first token to the first finish (no prefill, no finish in between);"
+            " median of the repeats [min-max], the ratio to nospec's, and the decode"
+            " tok/s the server logged at that batch:\n\n",
+            rates,
+        ]
+    if swept:
+        sections += [
+            "\nTargets (output tok/s ratios; N: the config's disable threshold):\n\n",
+            targets_table(swept),
+            "\nThresholds suggested by these points (against nospec):\n\n",
+            suggested_thresholds(swept),
+        ]
+    sections.append("\nCommands (commit):\n\n")
     sections += [
-        "\nTargets (output tok/s ratios; N: the config's disable threshold):\n\n",
-        targets_table(records),
-        "\nThresholds suggested by these points (against nospec):\n\n",
-        suggested_thresholds(records),
-        "\nCommands (commit):\n\n",
+        f"- {r['config']}: `{r['command']}` ({r['commit']}{code_note(r)})\n"
+        for r in swept
     ]
     sections += [
-        f"- {r['config']}: `{r['command']}` ({r['commit']})\n" for r in records
+        f"- {r['config']} decode rate: `{d['command']}` ({d['commit']}{code_note(d)})\n"
+        for r in records
+        for d in [r.get("decode_rate")]
+        if d
     ]
     return "".join(sections)
+
+
+def swept_records(records: List[dict]) -> List[dict]:
+    """The records of sweeps (not only a --decode-rate section)."""
+    return [r for r in records if "points" in r]
+
+
+def bench_serving_table(records: List[dict]) -> str:
+    measured = [r for r in records if any("bench_serving" in p for p in r["points"])]
+    if not measured:
+        return ""
+    concurrency = sorted({p["concurrency"] for r in measured for p in r["points"]})
+    lines = [
+        "| config | " + " | ".join(f"C={c}" for c in concurrency) + " |",
+        "|---" * (1 + len(concurrency)) + "|",
+    ]
+    for record in measured:
+        by_c = {p["concurrency"]: p for p in record["points"] if "bench_serving" in p}
+        cells = [
+            (
+                f"{rate_with_spread(by_c[c]['bench_serving'])}, "
+                f"{by_c[c]['bench_serving']['output_tok_s'] / by_c[c]['output_tok_s']:.2f}x"
+                if c in by_c
+                else "-"
+            )
+            for c in concurrency
+        ]
+        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_point(point: dict) -> dict:
+    summary = {k: point[k] for k in SUMMARY_POINT_KEYS}
+    if "bench_serving" in point:
+        summary["bench_serving_output_tok_s"] = point["bench_serving"]["output_tok_s"]
+    return summary
+
+
+def decode_rate_table(records: List[dict]) -> str:
+    measured = [r for r in records if "decode_rate" in r]
+    if not measured:
+        return ""
+    rate = {
+        (r["config"], p["batch"]): p["output_tok_s"]
+        for r in measured
+        for p in r["decode_rate"]["points"]
+    }
+    batches = sorted({b for _, b in rate})
+    lines = [
+        "| config | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "|---" * (1 + len(batches)) + "|",
+    ]
+    for record in measured:
+        section = record["decode_rate"]
+        by_batch = {p["batch"]: p for p in section["points"]}
+        # Both modes at a batch: the one logged in more windows.
+        logged = {
+            d["batch"]: d["tok_s"]
+            for d in sorted(steady_decode(section), key=lambda d: d["windows"])
+        }
+        cells = []
+        for b in batches:
+            if b not in by_batch:
+                cells.append("-")
+                continue
+            cell = rate_with_spread(by_batch[b])
+            if ("nospec", b) in rate:
+                cell += f", {by_batch[b]['output_tok_s'] / rate['nospec', b]:.3f}x"
+            if b in logged:
+                cell += f" (log {logged[b]:.0f})"
+            cells.append(cell)
+        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def code_note(record: dict) -> str:
+    """Names the records whose server ran pristine upstream instead of the fork."""
+    code = record.get("code", {})
+    if code.get("sglang") != "pristine upstream":
+        return ""
+    return f"; the server ran pristine upstream, {code['wheel']}"
 
 
 def write_results(out_dir: str, records: List[dict]) -> None:
     """summary.json, results.md and throughput.png of the records of one model."""
     model = records[0]["model"]
-    gpus = sorted({r["gpu"] for r in records})
-    commits = sorted({r["commit"] for r in records})
+    swept = swept_records(records)
+    sections = [r["decode_rate"] for r in records if "decode_rate" in r]
+    gpus = sorted({r["gpu"] for r in swept + sections})
+    commits = sorted({r["commit"] for r in swept + sections})
     summary = {
         "model": model,
         "gpu": ", ".join(gpus),
         "commit": ", ".join(commits),
-        "points": [
-            {k: p[k] for k in SUMMARY_POINT_KEYS} for r in records for p in r["points"]
-        ],
+        "points": [summary_point(p) for r in swept for p in r["points"]],
         "ramp": [
             {"config": r["ramp"]["config"], "output_tok_s": r["ramp"]["output_tok_s"]}
-            for r in records
+            for r in swept
             if finished(r)
         ],
-        "kv_capacity_tokens": {r["config"]: r["kv_capacity_tokens"] for r in records},
+        "kv_capacity_tokens": {r["config"]: r["kv_capacity_tokens"] for r in swept},
+        "decode_rate": [
+            {k: p[k] for k in DECODE_RATE_KEYS} for d in sections for p in d["points"]
+        ],
     }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     title = f"{model} on {summary['gpu']}"
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(results_markdown(records, title))
-    plot(records, os.path.join(out_dir, "throughput.png"), title)
+    if swept:
+        plot(swept, os.path.join(out_dir, "throughput.png"), title)
 
 
 def config_threshold(text: str) -> Tuple[str, Union[int, str]]:
@@ -1194,6 +1680,8 @@ def selected_configs(args) -> List[Config]:
     unknown = set(names) - set(configs)
     if unknown:
         sys.exit(f"unknown configs {sorted(unknown)}; known: {list(configs)}")
+    if any(configs[name].pristine for name in names):
+        pristine_upstream()  # exits now, not after the configs before it, if missing
     return [configs[name] for name in names]
 
 
@@ -1261,6 +1749,25 @@ def parse_args() -> argparse.Namespace:
         help="measurements per point and of the ramp (median, spread)",
     )
     parser.add_argument(
+        "--bench-serving",
+        action="store_true",
+        help="after each point, also run upstream's bench_serving at its C against "
+        f"the same server (python -m {BENCH_SERVING_MODULE}: random-ids prompts of "
+        "--input-len token ids, --output-len tokens, as many prompts as one of the "
+        "point's closed loops, --repeats times) and record its output tok/s beside "
+        "ours; the servers then run with their tokenizer (no --skip-tokenizer-init), "
+        "since its client times the streamed text",
+    )
+    parser.add_argument(
+        "--decode-rate",
+        type=lambda s: [int(x) for x in s.split(",")],
+        metavar="B1,B2,...",
+        help="instead of the sweep and the ramp: the decode rate at each steady "
+        "running batch B (B requests of --decode-output-len tokens at once; output "
+        "tok/s from the moment all B stream to the first finish), --repeats times",
+    )
+    parser.add_argument("--decode-output-len", type=int, default=1024)
+    parser.add_argument(
         "--ramp",
         type=lambda s: [int(x) for x in s.split(",")],
         default=[1, 4, 16, 64, 128],
@@ -1285,9 +1792,10 @@ def main() -> None:
     header = describe_run(model_name(args))
     out_dir = results_dir(args)
     save = record_saver(out_dir, header)
+    run = run_decode_rate if args.decode_rate else run_config
     for config in configs:
         config = with_suggested_threshold(args, config)
-        run_config(args, config, target, draft, os.path.join(out_dir, "logs"), save)
+        run(args, config, target, draft, os.path.join(out_dir, "logs"), save)
         print(f"{config.name}: results in {out_dir}", flush=True)
 
 

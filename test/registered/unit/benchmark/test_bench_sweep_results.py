@@ -22,7 +22,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.spec_engine_utils import synthetic_pair
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 BENCH = Path(__file__).resolve().parents[4] / "benchmark/dynamic_spec/bench_sweep.py"
 SUMMARY_POINT_KEYS = {
@@ -212,12 +212,13 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(sorted(p for p, _ in issued), list(range(5)))
         self.assertEqual(max(n for _, n in issued), 2)
 
-    def against_server(self, generate, load):
-        """Runs load(url) against a local server whose /generate is generate."""
+    def against_server(self, generate, load, routes=None):
+        """Runs load(url) against a local server whose /generate is generate (or
+        whose routes are routes)."""
 
         async def serve_and_load():
             app = web.Application()
-            app.router.add_post("/generate", generate)
+            app.add_routes(routes or [web.post("/generate", generate)])
             runner = web.AppRunner(app)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
@@ -318,6 +319,206 @@ class TestBenchSweepResults(CustomTestCase):
         ends = [n for t, kind, n in events if kind == "end" and t < stop]
         self.assertGreaterEqual(min(ends), 1)
         self.assertEqual(len(results), sum(kind == "end" for _, kind, _ in events))
+
+    def test_a_request_records_the_tokens_it_streamed_by_each_chunk(self):
+        timeline = []
+
+        async def generate(request):
+            response = web.StreamResponse()
+            await response.prepare(request)
+            for n in (1, 3, 4):
+                chunk = {
+                    "output_ids": list(range(n)),
+                    "meta_info": {"completion_tokens": n},
+                }
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await asyncio.sleep(0.01)
+            await response.write(b"data: [DONE]\n\n")
+            return response
+
+        async def request(url):
+            async with self.bench.client_session() as session:
+                return await self.bench.one_request(session, url, [1], 4, timeline)
+
+        result = self.against_server(generate, request)
+        self.assertEqual([tokens for _, tokens in timeline], [1, 3, 4])
+        times = [at for at, _ in timeline]
+        self.assertEqual(times, sorted(times))
+        self.assertLessEqual(times[-1], result.finished_at)
+        compact = b'data: {"output_ids":[9,9],"meta_info":{"completion_tokens":12}}'
+        self.assertEqual(self.bench.streamed_tokens(compact), 12)
+        self.assertIsNone(self.bench.streamed_tokens(b'data: {"error": {}}'))
+
+    def staggered_decode(self, stagger: float, step: float = 0.1):
+        """one_request of a server that decodes every request at 2 tokens per step of
+        `step` seconds, request i streaming its first token at i * stagger (fake
+        times in the timeline)."""
+        started = []
+
+        async def one_request(session, url, prompt, output_len, timeline):
+            i = len(started)
+            started.append(output_len)
+            tokens, at = 1, i * stagger
+            while True:
+                timeline.append((at, tokens))
+                if tokens == output_len:
+                    return self.bench.RequestResult(0.0, at, tokens, 0, 0, at)
+                tokens, at = min(tokens + 2, output_len), at + step
+
+        return one_request, started
+
+    def test_the_decode_rate_counts_only_while_every_request_decodes(self):
+        one_request, started = self.staggered_decode(stagger=0.01)
+        with mock.patch.object(self.bench, "one_request", one_request):
+            run = asyncio.run(self.bench.decode_rate_loop("u", [[1]] * 4, 21))
+        self.assertEqual(started, [21] * 4)
+        # From 0.03 (request 3's first token) to 1.0 (request 0's last): request 0
+        # streams 20 more tokens, the others 18 each (their last chunk is after 1.0).
+        self.assertAlmostEqual(run.wall, 0.97)
+        self.assertEqual(run.tokens, 20 + 3 * 18)
+        self.assertEqual(len(run.results), 4)
+        one_request, _ = self.staggered_decode(stagger=0.5)  # 3 starts after 0 ends
+        with mock.patch.object(self.bench, "one_request", one_request):
+            with self.assertRaisesRegex(RuntimeError, "raise --decode-output-len"):
+                asyncio.run(self.bench.decode_rate_loop("u", [[1]] * 4, 20))
+
+    def test_a_decode_rate_repeats_with_new_prompts(self):
+        loops = []
+
+        async def decode_rate_loop(url, prompts, output_len):
+            loops.append((tuple(map(tuple, prompts)), output_len))
+            return self.bench.Run([], 100.0 * len(loops), 1.0, 0.5)
+
+        args = argparse.Namespace(url="u", repeats=3, decode_output_len=64)
+        config = self.bench.KNOWN_CONFIGS["plain-topk1"]
+        state = {"load_aware_speculation": {"num_spec_steps": 0, "num_plain_steps": 9}}
+        with mock.patch.multiple(
+            self.bench, decode_rate_loop=decode_rate_loop, server_state=lambda u: state
+        ):
+            point = self.bench.measure_decode_rate(
+                args, config, self.bench.PromptSource(4), 8
+            )
+        self.assertEqual(
+            point,
+            {
+                "config": "plain-topk1",
+                "batch": 8,
+                "output_tok_s": 200.0,
+                "output_tok_s_min": 100.0,
+                "output_tok_s_max": 300.0,
+                "window_s": 1.0,
+                "spec_step_share": 0.0,
+                "client_cpu_share": 0.5,
+            },
+        )
+        self.assertEqual({len(prompts) for prompts, _ in loops}, {8})
+        self.assertEqual({n for _, n in loops}, {64})
+        self.assertEqual(len({p for prompts, _ in loops for p in prompts}), 24)
+
+    def decode_rate_section(self, name: str, speed: float) -> dict:
+        points = [
+            {
+                "config": name,
+                "batch": b,
+                "output_tok_s": speed * b,
+                "output_tok_s_min": speed * b - 1,
+                "output_tok_s_max": speed * b + 1,
+                "window_s": 5.0,
+                "spec_step_share": 0.0,
+                "client_cpu_share": 0.1,
+            }
+            for b in (64, 128)
+        ]
+        decode = [{"mode": "plain", "batch": 64, "tok_s": speed * 63, "windows": 9}]
+        return {"server_args": [], "env": {}, "points": points, "decode_tok_s": decode}
+
+    def test_a_decode_rate_run_saves_its_section_of_the_record(self):
+        saved, states = [], iter([{"memory_usage": {"token_capacity": 10**6}}])
+
+        @contextlib.contextmanager
+        def serving(args, config, target, draft, prompts, warmup, log_path):
+            self.assertEqual(warmup, [64, 128])
+            Path(log_path).write_text("")
+            yield {"server_args": ["--x"], "env": {}, "code": {"sglang": "fork"}}
+
+        def measure_decode_rate(args, config, prompts, batch):
+            return {"config": config.name, "batch": batch, "output_tok_s": 1.0}
+
+        args = argparse.Namespace(
+            url="u", input_len=512, decode_output_len=1024, decode_rate=[64, 128]
+        )
+        config = self.bench.KNOWN_CONFIGS["nospec"]
+        with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
+            self.bench,
+            serving=serving,
+            server_state=lambda url: next(states),
+            measure_decode_rate=measure_decode_rate,
+            tqdm=lambda items, desc: items,
+        ):
+            self.bench.run_decode_rate(args, config, "t", "d", log_dir, saved.append)
+            self.assertTrue(Path(log_dir, "nospec-decode-rate.log").is_file())
+            self.assertEqual(len(saved), 2)
+            self.assertEqual(set(saved[-1]), {"config", "decode_rate"})
+            section = saved[-1]["decode_rate"]
+            self.assertEqual([p["batch"] for p in section["points"]], [64, 128])
+            self.assertEqual(section["server_args"], ["--x"])
+            self.assertEqual(section["code"], {"sglang": "fork"})
+            self.assertEqual((section["input_len"], section["output_len"]), (512, 1024))
+            self.assertEqual(section["decode_tok_s"], [])
+            states = iter([{"memory_usage": {"token_capacity": 64 * 1536 - 1}}])
+            with self.assertRaisesRegex(RuntimeError, "do not fit in its KV cache"):
+                self.bench.run_decode_rate(
+                    args, config, "t", "d", log_dir, saved.append
+                )
+
+    def test_decode_rates_and_sweeps_of_a_config_share_its_record(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            self.merge(out_dir, self.record("nospec", 100.0), "sweep")
+            rates = {
+                "config": "nospec",
+                "decode_rate": self.decode_rate_section("nospec", 100.0),
+            }
+            records = self.merge(out_dir, rates, "rates")
+            (nospec,) = records
+            self.assertEqual(nospec["commit"], "sweep")  # the sweep's record, kept
+            self.assertEqual(nospec["decode_rate"]["commit"], "rates")
+            self.assertTrue(self.bench.finished(nospec))
+            # A sweep measured again keeps the decode rates; a config measured only
+            # for them gets a record of its own.
+            records = self.merge(out_dir, self.record("nospec", 120.0), "sweep2")
+            self.assertEqual(records[0]["decode_rate"]["commit"], "rates")
+            plain = {
+                "config": "plain-topk1",
+                "decode_rate": self.decode_rate_section("plain-topk1", 98.0),
+            }
+            records = self.merge(out_dir, plain, "rates")
+            self.assertEqual([r["config"] for r in records], ["nospec", "plain-topk1"])
+            self.assertNotIn("points", records[1])
+            self.bench.write_results(out_dir, records)
+            summary = json.loads(Path(out_dir, "summary.json").read_text())
+            self.assertEqual([p["config"] for p in summary["points"]], ["nospec"] * 2)
+            self.assertEqual(summary["kv_capacity_tokens"], {"nospec": 1000})
+            self.assertEqual(
+                summary["decode_rate"][-1],
+                {
+                    "config": "plain-topk1",
+                    "batch": 128,
+                    "output_tok_s": 98.0 * 128,
+                    "output_tok_s_min": 98.0 * 128 - 1,
+                    "output_tok_s_max": 98.0 * 128 + 1,
+                },
+            )
+            results = Path(out_dir, "results.md").read_text()
+            self.assertIn("| config | batch 64 | batch 128 |", results)
+            self.assertIn(
+                "| plain-topk1 | 6272 [6271-6273], 0.980x (log 6174) "
+                "| 12544 [12543-12545], 0.980x |",
+                results,
+            )
+            self.assertIn("| nospec | 6400 [6399-6401], 1.000x (log 6300) |", results)
+            self.assertNotIn("| plain-topk1 | 1000 |", results)  # no sweep row
+            self.assertIn("- plain-topk1 decode rate: `b` (rates)", results)
+            self.assertIn("- nospec: `b` (sweep2)", results)
 
     def test_a_request_splits_its_tokens_across_windows_by_time(self):
         # First token at t=1, ten more evenly until t=11.
@@ -453,15 +654,13 @@ class TestBenchSweepResults(CustomTestCase):
             "--speculative-disable-batch-threshold 16",
             flags,
         )
-        for name in ("loadaware-topk1", "loadaware-topk4-v1"):
-            kv_only, full = configs[name], configs[f"{name}-full-catch-up"]
-            self.assertEqual(
-                full.env, {**kv_only.env, "SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
-            )
-            same = ("spec", "extra_args", "always_on")
-            self.assertEqual(
-                [getattr(full, f) for f in same], [getattr(kv_only, f) for f in same]
-            )
+        kv_only = configs["loadaware-topk1"]
+        full = configs["loadaware-topk1-full-catch-up"]
+        self.assertEqual(full.env, {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"})
+        same = ("spec", "extra_args", "always_on")
+        self.assertEqual(
+            [getattr(full, f) for f in same], [getattr(kv_only, f) for f in same]
+        )
         per_config = self.bench.build_configs(16, {"loadaware-topk1": 48})
         self.assertIn(
             "--speculative-disable-batch-threshold 48",
@@ -469,21 +668,462 @@ class TestBenchSweepResults(CustomTestCase):
                 self.bench.config_server_args(args, per_config["loadaware-topk1"], "/d")
             ),
         )
-        tree_v1 = configs["loadaware-topk4-v1"]
-        self.assertEqual(tree_v1.env, {"SGLANG_ENABLE_SPEC_V2": "0"})
-        self.assertEqual(configs[tree_v1.always_on].env, tree_v1.env)
         adaptive = configs["loadaware-adaptive-topk1"]
-        self.assertEqual(adaptive.always_on, "upstream-adaptive-topk1")
+        self.assertEqual(adaptive.always_on, "adaptive-topk1")
         self.assertEqual(
             adaptive.extra_args,
             ["--speculative-disable-batch-threshold", "16", "--speculative-adaptive"],
         )
         nospec = self.bench.config_server_args(args, configs["nospec"], "/d")
         self.assertFalse(any(f.startswith("--speculative") for f in nospec))
-        no_overlap = self.bench.config_server_args(
-            args, configs["nospec-no-overlap"], "/d"
+
+    def test_the_configs_of_0_5_17(self):
+        configs = self.bench.build_configs(disable_threshold=16)
+        self.assertEqual(
+            list(configs),
+            [
+                "nospec",
+                "eagle3-topk1",
+                "eagle3-topk4",
+                "loadaware-topk1",
+                "loadaware-topk1-full-catch-up",
+                "loadaware-topk4",
+                "plain-topk1",
+                "plain-topk4",
+                "adaptive-topk1",
+                "loadaware-adaptive-topk1",
+                "upstream-adaptive-topk1",
+                "upstream-steps0-topk1",
+            ],
         )
-        self.assertEqual(no_overlap, nospec + ["--disable-overlap-schedule"])
+        self.assertFalse(
+            any("SGLANG_ENABLE_SPEC_V2" in c.env for c in configs.values())
+        )
+        # Plain steps from batch 2 whatever --disable-threshold says, chain and tree.
+        for name, spec in [
+            ("plain-topk1", "EAGLE3_CHAIN"),
+            ("plain-topk4", "EAGLE3_TREE"),
+        ]:
+            plain = configs[name]
+            self.assertEqual(plain.spec, getattr(self.bench, spec))
+            self.assertEqual(
+                plain.extra_args, ["--speculative-disable-batch-threshold", "2"]
+            )
+            self.assertEqual(plain.always_on, f"eagle3-{name[len('plain-'):]}")
+        self.assertEqual(
+            [n for n, c in configs.items() if c.pristine],
+            ["upstream-adaptive-topk1", "upstream-steps0-topk1"],
+        )
+        upstream, fork = configs["upstream-adaptive-topk1"], configs["adaptive-topk1"]
+        self.assertEqual(
+            (upstream.spec, upstream.extra_args, upstream.adaptive_config),
+            (fork.spec, ["--speculative-adaptive"], None),
+        )
+        self.assertFalse(fork.pristine)
+
+    def test_upstream_steps0_runs_steps_0_at_every_batch(self):
+        from sglang.srt.arg_groups.speculative_hook import (
+            _init_adaptive_speculative_params,
+        )
+        from sglang.srt.speculative.adaptive_spec_params import (
+            AdaptiveSpeculativeParams,
+        )
+
+        config = self.bench.KNOWN_CONFIGS["upstream-steps0-topk1"]
+        args = argparse.Namespace(
+            attention_backend="triton",
+            tp_size=1,
+            concurrency=[1, 256],
+            mem_fraction_static=0.8,
+        )
+        flags = self.bench.config_server_args(args, config, "/d")
+        joined = " ".join(flags)
+        self.assertIn(
+            "--speculative-num-steps 0 --speculative-eagle-topk 1 "
+            "--speculative-num-draft-tokens 1 --speculative-adaptive "
+            "--speculative-adaptive-config ",
+            joined,
+        )
+        path = flags[flags.index("--speculative-adaptive-config") + 1]
+        self.assertEqual(
+            json.loads(Path(path).read_text()), {"1": {"candidate_steps": [0]}}
+        )
+        # What 0.5.17 makes of it: steps 0 at every batch, even after its updates.
+        params = AdaptiveSpeculativeParams(initial_steps=0, cfg_path=path)
+        params.set_cuda_graph_bs([1, 2, 4, 8, 64, 256])
+        for bs in (1, 3, 8, 64, 200, 256, 512):
+            for _ in range(50):
+                params.on_verify_complete([0] * bs, batch_size=bs)
+            self.assertEqual(params.get_steps_for_batch(bs), 0)
+        # It starts at the --speculative-num-steps given, which must be a candidate.
+        server_args = argparse.Namespace(
+            speculative_adaptive_config=path,
+            speculative_eagle_topk=1,
+            speculative_num_steps=0,
+            speculative_num_draft_tokens=None,
+        )
+        _init_adaptive_speculative_params(server_args)
+        self.assertEqual(server_args.speculative_num_draft_tokens, 1)
+        server_args.speculative_num_steps = 3  # the chain's
+        with self.assertRaisesRegex(ValueError, "not in the adaptive config"):
+            _init_adaptive_speculative_params(server_args)
+
+    def fake_pristine(self, root: str, wheel: str) -> str:
+        """A tools/fork extraction of wheel under root; returns its directory."""
+        extraction = Path(root, self.bench.PRISTINE_DIR, wheel[-12:])
+        (extraction / "sglang").mkdir(parents=True)
+        (extraction / "sglang" / "__init__.py").write_text("")
+        (extraction / ".complete").write_text(wheel + "\n")
+        return str(extraction)
+
+    def test_pristine_upstream_is_found_from_the_repo_root(self):
+        ours = f"cp{sys.version_info.major}{sys.version_info.minor}"
+        with tempfile.TemporaryDirectory() as root:
+            with self.assertRaisesRegex(SystemExit, "found none.*tools/fork sync"):
+                self.bench.pristine_upstream(root)
+            other = self.fake_pristine(root, "sglang-0.5.17-cp399-cp399-x.whl")
+            self.assertEqual(
+                self.bench.pristine_upstream(root),
+                {"pythonpath": other, "wheel": "sglang-0.5.17-cp399-cp399-x.whl"},
+            )
+            wheel = f"sglang-0.5.17-{ours}-{ours}-x.whl"
+            mine = self.fake_pristine(root, wheel)
+            self.assertEqual(self.bench.pristine_upstream(root)["pythonpath"], mine)
+            os.remove(os.path.join(mine, "sglang", "__init__.py"))  # incomplete
+            self.assertEqual(self.bench.pristine_upstream(root)["pythonpath"], other)
+        self.assertEqual(Path(self.bench.REPO_ROOT, "upstream.toml").is_file(), True)
+
+    def test_a_pristine_server_imports_pristine_upstream(self):
+        configs = self.bench.KNOWN_CONFIGS
+        args = argparse.Namespace(attention_backend="triton")
+        with tempfile.TemporaryDirectory() as root:
+            wheel = "sglang-0.5.17-cp311-cp311-x.whl"
+            tree = self.fake_pristine(root, wheel)
+            pristine = {"pythonpath": tree, "wheel": wheel}
+            with mock.patch.object(
+                self.bench, "pristine_upstream", lambda: pristine
+            ), mock.patch.dict(os.environ, {"PYTHONPATH": "/elsewhere"}):
+                upstream = configs["upstream-adaptive-topk1"]
+                env = self.bench.server_env(args, upstream)
+                self.assertEqual(env["PYTHONPATH"], tree + os.pathsep + "/elsewhere")
+                code = self.bench.code_that_runs(upstream, env)
+                self.assertEqual(
+                    code,
+                    {
+                        "sglang": "pristine upstream",
+                        "origin": os.path.join(tree, "sglang", "__init__.py"),
+                        "wheel": wheel,
+                    },
+                )
+                fork_env = self.bench.server_env(args, configs["adaptive-topk1"])
+                self.assertNotIn("PYTHONPATH", fork_env)
+                fork = self.bench.code_that_runs(configs["adaptive-topk1"], fork_env)
+                self.assertEqual(fork["sglang"], "fork")
+                self.assertFalse(fork["origin"].startswith(tree))
+                # A PYTHONPATH that does not reach the pristine tree is refused.
+                with self.assertRaisesRegex(RuntimeError, "not from pristine upstream"):
+                    self.bench.code_that_runs(upstream, fork_env)
+
+    def test_a_launch_records_the_code_that_ran(self):
+        launched = []
+
+        @contextlib.contextmanager
+        def running_server(target, server_args, env, base_url, log_path):
+            launched.append(env)
+            yield base_url, None
+
+        code = {"sglang": "pristine upstream", "origin": "/p/sglang/__init__.py"}
+        args = argparse.Namespace(
+            attention_backend="triton",
+            tp_size=1,
+            concurrency=[1, 8],
+            mem_fraction_static=0.8,
+            url="u",
+        )
+        config = self.bench.KNOWN_CONFIGS["upstream-steps0-topk1"]
+        with mock.patch.multiple(
+            self.bench,
+            running_server=running_server,
+            wait_gpu_idle=lambda: None,
+            warm_up=lambda *a: None,
+            server_env=lambda args, config: {"PYTHONPATH": "/p"},
+            code_that_runs=lambda config, env: code,
+        ):
+            with self.bench.serving(args, config, "/t", "/d", None, [1]) as launch:
+                pass
+        self.assertEqual(launched, [{"PYTHONPATH": "/p"}])
+        self.assertEqual(launch["code"], code)
+        self.assertEqual(launch["env"], {"PYTHONPATH": "/p"})
+        self.assertEqual(launch["adaptive_config"], {"1": {"candidate_steps": [0]}})
+        self.assertIn("--speculative-adaptive-config", launch["server_args"])
+        record = {**self.record("upstream-steps0-topk1", 1.0), **self.header("abc")}
+        record["code"] = {**code, "wheel": "sglang-0.5.17-x.whl"}
+        self.assertIn(
+            "(abc; the server ran pristine upstream, sglang-0.5.17-x.whl)",
+            self.bench.results_markdown([record], "t"),
+        )
+
+    def test_records_of_configs_that_no_longer_exist_still_render(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            self.merge(out_dir, self.record("loadaware-topk4-v1", 90.0))
+            records = self.merge(out_dir, self.record("nospec", 100.0))
+            self.assertEqual(
+                [r["config"] for r in records], ["nospec", "loadaware-topk4-v1"]
+            )
+            self.bench.write_results(out_dir, records)
+            self.assertIn(
+                "| loadaware-topk4-v1 | 1000 |", Path(out_dir, "results.md").read_text()
+            )
+
+    def test_servers_fit_the_largest_decode_rate_batch(self):
+        args = argparse.Namespace(
+            attention_backend="triton",
+            tp_size=1,
+            concurrency=[1, 64],
+            mem_fraction_static=0.8,
+            decode_rate=[128, 256],
+        )
+        nospec = self.bench.KNOWN_CONFIGS["nospec"]
+        flags = " ".join(self.bench.config_server_args(args, nospec, "/d"))
+        self.assertIn("--cuda-graph-max-bs 256 --max-running-requests 256 ", flags)
+
+    def test_decode_rate_runs_instead_of_the_sweep(self):
+        ran = []
+
+        def runner(kind):
+            def run(args, config, target, draft, log_dir, save):
+                ran.append((kind, config.name, args.decode_rate))
+
+            return run
+
+        with tempfile.TemporaryDirectory() as out_dir, contextlib.ExitStack() as stack:
+            argv = ["bench_sweep.py", "--out-dir", out_dir, "--results-date", "d"]
+            argv += ["--configs", "nospec,plain-topk1", "--decode-rate", "64,128"]
+            for name, value in [
+                ("generated_pair", lambda *_: ("/t", "/d")),
+                ("describe_run", lambda model: self.header("abc")),
+                ("run_config", runner("sweep")),
+                ("run_decode_rate", runner("decode rate")),
+            ]:
+                stack.enter_context(mock.patch.object(self.bench, name, value))
+            stack.enter_context(mock.patch.object(sys, "argv", argv))
+            self.bench.main()
+        self.assertEqual(
+            ran,
+            [
+                ("decode rate", "nospec", [64, 128]),
+                ("decode rate", "plain-topk1", [64, 128]),
+            ],
+        )
+
+    def bench_serving_args(self, url: str = "http://127.0.0.1:1") -> argparse.Namespace:
+        return argparse.Namespace(
+            url=url,
+            input_len=16,
+            output_len=8,
+            min_requests=4,
+            requests_per_concurrency=2,
+            repeats=1,
+        )
+
+    def test_bench_serving_gets_our_workload_offline(self):
+        args = self.bench_serving_args()
+        command = self.bench.bench_serving_command(args, "/models/t", 8, 32, "/o.jsonl")
+        self.assertEqual(
+            command[:3], [sys.executable, "-m", "sglang.benchmark.serving"]
+        )
+        flags = dict(zip(command[3::2], command[4::2]))
+        self.assertEqual(
+            {
+                k: flags[k]
+                for k in ("--backend", "--base-url", "--model", "--tokenizer")
+            },
+            {
+                "--backend": "sglang",
+                "--base-url": "http://127.0.0.1:1",
+                "--model": "/models/t",
+                "--tokenizer": "/models/t",
+            },
+        )
+        # random-ids, not random: "random" downloads ShareGPT to sample from.
+        self.assertEqual(command[command.index("--dataset-name") + 1], "random-ids")
+        self.assertNotIn("--dataset-path", command)
+        self.assertIn("--tokenize-prompt", command)
+        self.assertIn("--flush-cache", command)
+        self.assertNotIn("--disable-ignore-eos", command)
+        for flag, value in [
+            ("--random-input-len", "16"),
+            ("--random-output-len", "8"),
+            ("--random-range-ratio", "1.0"),  # exactly those lengths
+            ("--num-prompts", "32"),
+            ("--max-concurrency", "8"),
+            ("--output-file", "/o.jsonl"),
+        ]:
+            self.assertEqual(command[command.index(flag) + 1], value, flag)
+        self.assertEqual(
+            self.bench.OFFLINE_ENV, {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        )
+        # Its client counts and times only streamed text: servers keep their tokenizer.
+        server = argparse.Namespace(
+            attention_backend="triton",
+            tp_size=1,
+            concurrency=[8],
+            mem_fraction_static=0.8,
+        )
+        nospec = self.bench.KNOWN_CONFIGS["nospec"]
+        self.assertIn(
+            "--skip-tokenizer-init", self.bench.config_server_args(server, nospec, "/d")
+        )
+        server.bench_serving = True
+        self.assertNotIn(
+            "--skip-tokenizer-init", self.bench.config_server_args(server, nospec, "/d")
+        )
+
+    def test_bench_serving_results_come_from_its_output_file(self):
+        runs = [
+            {
+                "completed": 4,
+                "output_throughput": r,
+                "median_ttft_ms": t,
+                "median_tpot_ms": 2.0,
+            }
+            for r, t in ((300.0, 9.0), (100.0, 7.0), (200.0, 8.0))
+        ]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp, "o.jsonl")
+            path.write_text("".join(json.dumps(r) + "\n" for r in runs))
+            self.assertEqual(
+                self.bench.bench_serving_result(str(path), 4),
+                {
+                    "num_requests": 12,
+                    "output_tok_s": 200.0,
+                    "output_tok_s_min": 100.0,
+                    "output_tok_s_max": 300.0,
+                    "ttft_p50_ms": 8.0,
+                    "tpot_p50_ms": 2.0,
+                },
+            )
+            with self.assertRaisesRegex(RuntimeError, r"completed \[4, 4, 4\] of 5"):
+                self.bench.bench_serving_result(str(path), 5)
+
+    def test_bench_serving_runs_against_the_server_offline(self):
+        """The real bench_serving of this sglang, against a stand-in server that
+        streams text as a server with its tokenizer does."""
+        generated, flushed = [], []
+
+        async def generate(request):
+            body = await request.json()
+            generated.append(body)
+            response = web.StreamResponse()
+            await response.prepare(request)
+            n = body["sampling_params"]["max_new_tokens"]
+            for i in range(1, n + 1):
+                chunk = {
+                    "text": " ".join(["w5"] * i),
+                    "meta_info": {"completion_tokens": i},
+                }
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await asyncio.sleep(0.002)
+            await response.write(b"data: [DONE]\n\n")
+            return response
+
+        async def flush(request):
+            flushed.append(True)
+            return web.Response(text="ok")
+
+        async def models(request):
+            return web.json_response({"data": [{"id": "m"}]})
+
+        async def info(request):
+            return web.json_response({})
+
+        routes = [
+            web.post("/generate", generate),
+            web.post("/flush_cache", flush),
+            web.get("/v1/models", models),
+            web.get("/server_info", info),
+        ]
+        config = self.bench.KNOWN_CONFIGS["nospec"]
+        with tempfile.TemporaryDirectory() as root, mock.patch.dict(
+            os.environ, {"SGLANG_SYNTHETIC_MODELS_DIR": root}
+        ):
+            target, _ = synthetic_pair("tiny", 0.8)
+
+            async def load(url):
+                args = self.bench_serving_args(url)
+                return await asyncio.to_thread(
+                    self.bench.run_bench_serving, args, config, target, 2, root
+                )
+
+            result = self.against_server(None, load, routes)
+            self.assertTrue(Path(root, "nospec-bench-serving.log").is_file())
+        self.assertEqual(result["num_requests"], 4)
+        self.assertGreater(result["output_tok_s"], 0)
+        self.assertGreater(result["ttft_p50_ms"], 0)
+        self.assertEqual(flushed, [True])
+        self.assertEqual(len(generated), 5)  # its warm-up request, then 4
+        measured = generated[1:]
+        self.assertEqual({len(b["input_ids"]) for b in measured}, {16})
+        self.assertEqual(
+            {b["sampling_params"]["max_new_tokens"] for b in measured}, {8}
+        )
+        self.assertTrue(all(b["sampling_params"]["ignore_eos"] for b in measured))
+        self.assertEqual(len({tuple(b["input_ids"]) for b in measured}), 4)
+
+    def test_bench_serving_is_recorded_beside_our_point(self):
+        record = self.record("nospec", 100.0)
+        record["points"][1]["bench_serving"] = {
+            "output_tok_s": 760.0,
+            "output_tok_s_min": 750.0,
+            "output_tok_s_max": 770.0,
+        }
+        table = self.bench.bench_serving_table([record, self.record("eagle3-topk1", 1)])
+        self.assertIn("| config | C=1 | C=8 |", table)
+        self.assertIn("| nospec | - | 760 [750-770], 0.95x |", table)
+        self.assertNotIn("eagle3-topk1", table)
+        self.assertEqual(
+            self.bench.summary_point(record["points"][1])["bench_serving_output_tok_s"],
+            760.0,
+        )
+        self.assertEqual(
+            set(self.bench.summary_point(record["points"][0])), SUMMARY_POINT_KEYS
+        )
+
+    def test_a_point_runs_bench_serving_when_asked(self):
+        calls = []
+
+        @contextlib.contextmanager
+        def serving(args, config, target, draft, prompts, warmup, log_path):
+            Path(log_path).write_text("")
+            yield {"server_args": [], "env": {}}
+
+        def run_bench_serving(args, config, target, concurrency, log_dir):
+            calls.append((config.name, target, concurrency))
+            return {"output_tok_s": 1.0}
+
+        args = argparse.Namespace(
+            url="u", concurrency=[1, 8], ramp=[1], input_len=4, bench_serving=True
+        )
+        saved = []
+        with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
+            self.bench,
+            serving=serving,
+            server_state=lambda url: {"memory_usage": {"token_capacity": 9}},
+            measure_point=lambda args, config, prompts, c: {"concurrency": c},
+            run_bench_serving=run_bench_serving,
+            run_ramp=lambda args, config, prompts: {},
+            tqdm=lambda items, desc: items,
+        ):
+            config = self.bench.KNOWN_CONFIGS["nospec"]
+            self.bench.run_config(args, config, "/t", "/d", log_dir, saved.append)
+        self.assertEqual(calls, [("nospec", "/t", 1), ("nospec", "/t", 8)])
+        self.assertEqual(
+            saved[-1]["points"],
+            [
+                {"concurrency": c, "bench_serving": {"output_tok_s": 1.0}}
+                for c in (1, 8)
+            ],
+        )
 
     def test_per_config_thresholds_only_for_load_aware_configs(self):
         parser = argparse.ArgumentParser()
