@@ -1,0 +1,262 @@
+"""Replay a decode workload through load-aware policies offline; report output tokens/s.
+
+The environment is what a GPU measured: the seconds of one decode step per mode (0: plain,
+s: s draft steps) and captured batch size, and the acceptance over time. It comes from a
+trace of a real run (``--trace``: one JSON record per decode step, as the server logs
+them: ``{"batch_size", "num_steps", "seconds", "num_tokens"}``), whose steps give the
+cost table (median per mode and batch bucket) and the acceptance timeline (tokens per
+request of its speculative steps), or from a cost table and an acceptance schedule given
+directly (``--costs``, ``--accept``). The workload is a sequence of phases of a
+running batch size held for a time, as a closed loop at a concurrency holds it
+(``--phases 1x2,32x4,...``: batch 1 for 2 s, then 32 for 4 s; or the trace's own
+timeline): every policy runs each phase for the same time, so the tokens/s compare
+like the phases of a benchmark's ramp.
+
+Policies: ``nospec``, ``always`` (the largest step count), ``threshold:N`` (the fixed
+thresholds, spec_policy.SpecPolicy) and ``auto`` (throughput_policy.ThroughputPolicy,
+profiled from the same cost table, learning acceptance only from its own speculative
+steps).
+
+    python benchmark/dynamic_spec/policy_sim.py --trace run.jsonl \\
+        --policies nospec,always,threshold:32,threshold:64,auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import statistics
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from sglang.srt.speculative.spec_policy import SpecPolicy
+from sglang.srt.speculative.throughput_policy import (
+    PLAIN,
+    AcceptanceEstimate,
+    StepCosts,
+    ThroughputPolicy,
+    chain_accept_length,
+    fit_chain_acceptance,
+)
+
+
+@dataclass
+class Environment:
+    """What each mode costs and yields: the cost table, and over time the per-token
+    acceptance of a chain (speculative steps yield its accept length).
+
+    acceptance: (from second, p) pairs in time order, the first from 0.
+    """
+
+    costs: Dict[int, Dict[int, float]]
+    acceptance: List[Tuple[float, float]]
+
+    @property
+    def speculative_steps(self) -> List[int]:
+        return sorted(m for m in self.costs if m != PLAIN)
+
+    def accept_length(self, num_steps: int, at_seconds: float) -> float:
+        if num_steps == PLAIN:
+            return 1.0
+        starts = [start for start, _ in self.acceptance]
+        p = self.acceptance[max(0, bisect.bisect_right(starts, at_seconds) - 1)][1]
+        return chain_accept_length(p, num_steps)
+
+
+def parse_acceptance(text: str) -> List[Tuple[float, float]]:
+    """``0.9`` (all along), or ``0.9x10,0.5x10``: p = 0.9 for 10 s, then 0.5."""
+    timeline, start = [], 0.0
+    for part in text.split(","):
+        p, _, seconds = part.partition("x")
+        timeline.append((start, float(p)))
+        start += float(seconds or 0)
+    return timeline
+
+
+Phases = List[Tuple[int, float]]  # (running batch size, seconds)
+
+
+def parse_phases(text: str) -> Phases:
+    """``1x2,32x4`` -> batch 1 for 2 s, then batch 32 for 4 s."""
+    phases = []
+    for part in text.split(","):
+        bs, _, seconds = part.partition("x")
+        phases.append((int(bs), float(seconds)))
+    return phases
+
+
+def phases_of_trace(records: Sequence[dict]) -> Phases:
+    """The trace's timeline: each step's batch size for that step's seconds."""
+    return [(r["batch_size"], r["seconds"]) for r in records]
+
+
+def environment_from_trace(
+    records: Sequence[dict], batch_sizes: Sequence[int]
+) -> Environment:
+    """Median seconds per (mode, captured batch bucket); the acceptance timeline
+    forward-filled from the trace's speculative steps (their per-token acceptance)."""
+    samples: Dict[Tuple[int, int], List[float]] = {}
+    acceptance: List[Tuple[float, float]] = []
+    now = 0.0
+    for record in records:
+        mode, bs = record["num_steps"], record["batch_size"]
+        bucket = next((b for b in batch_sizes if b >= bs), batch_sizes[-1])
+        samples.setdefault((mode, bucket), []).append(record["seconds"])
+        if mode != PLAIN and record.get("num_tokens"):
+            p = fit_chain_acceptance(record["num_tokens"] / bs, mode)
+            acceptance.append((now if acceptance else 0.0, p))
+        now += record["seconds"]
+    if not acceptance:
+        raise ValueError("the trace has no speculative step: its acceptance is unknown")
+    modes = sorted({mode for mode, _ in samples})
+    costs = {
+        mode: {
+            b: statistics.median(samples[(mode, b)])
+            for b in batch_sizes
+            if (mode, b) in samples
+        }
+        for mode in modes
+    }
+    missing = [(m, b) for m in modes for b in batch_sizes if b not in costs[m]]
+    if missing:
+        raise ValueError(f"the trace has no step of (mode, batch bucket) {missing[:5]}")
+    return Environment(costs=costs, acceptance=acceptance)
+
+
+class _Fixed:
+    def __init__(self, num_steps: int):
+        self.num_steps = num_steps
+
+    def decide(self, batch_size: int) -> int:
+        return self.num_steps
+
+    def observe(self, *args) -> None:
+        pass
+
+
+class _Threshold:
+    def __init__(self, n: int, num_steps: int):
+        self.policy = SpecPolicy(n)
+        self.num_steps = num_steps
+
+    def decide(self, batch_size: int) -> int:
+        return self.num_steps if self.policy.decide(batch_size).speculate else PLAIN
+
+    def observe(self, *args) -> None:
+        pass
+
+
+class _Auto:
+    def __init__(self, env: Environment, prior_accept_length: float):
+        steps = env.speculative_steps
+        self.policy = ThroughputPolicy(
+            StepCosts({m: dict(by_bs) for m, by_bs in env.costs.items()}),
+            AcceptanceEstimate(steps, {max(steps): prior_accept_length}),
+        )
+
+    def decide(self, batch_size: int) -> int:
+        return self.policy.decide(batch_size).num_steps
+
+    def observe(self, num_steps, batch_size, num_tokens, seconds) -> None:
+        self.policy.observe(num_steps, batch_size, num_tokens, seconds)
+
+
+STATIC = ("nospec", "always")
+
+
+def make_policy(spec: str, env: Environment, prior_accept_length: float):
+    longest = max(env.speculative_steps)
+    name, _, arg = spec.partition(":")
+    if name == "nospec":
+        return _Fixed(PLAIN)
+    if name == "always":
+        return _Fixed(int(arg) if arg else longest)
+    if name == "threshold":
+        return _Threshold(int(arg), longest)
+    if name == "auto":
+        return _Auto(env, prior_accept_length)
+    raise ValueError(f"unknown policy {spec!r}")
+
+
+def simulate(policy, env: Environment, phases: Phases) -> Dict[str, float]:
+    """Run each phase for its time; every step costs and yields what the
+    environment says (the acceptance of the environment's step at that time)."""
+    tokens = seconds = 0.0
+    spec_steps = num_steps = 0
+    step_costs = StepCosts({m: dict(by_bs) for m, by_bs in env.costs.items()})
+    phase_end = 0.0
+    for bs, duration in phases:
+        phase_end += duration
+        while seconds < phase_end:
+            mode = policy.decide(bs)
+            step_seconds = step_costs.estimate(mode, bs)
+            step_tokens = bs * env.accept_length(mode, seconds)
+            policy.observe(mode, bs, step_tokens, step_seconds)
+            tokens += step_tokens
+            seconds += step_seconds
+            spec_steps += mode != PLAIN
+            num_steps += 1
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "spec_step_share": spec_steps / max(1, num_steps),
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", help="JSONL, one decode step per line")
+    parser.add_argument("--costs", help="JSON {mode: {batch size: seconds}}")
+    parser.add_argument(
+        "--accept",
+        help="per-token acceptance of the draft over time (with --costs): 0.9, or "
+        "0.9x10,0.5x10 (p for seconds)",
+    )
+    parser.add_argument("--phases", help="the workload, e.g. 1x2,64x4 (batch x seconds)")
+    parser.add_argument("--policies", default="nospec,always,auto")
+    parser.add_argument(
+        "--prior-accept-length",
+        type=float,
+        default=1.0,
+        help="auto's acceptance before its first speculative step",
+    )
+    args = parser.parse_args(argv)
+
+    if args.trace:
+        with open(args.trace) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        captured = sorted({r["batch_size"] for r in records})
+        env = environment_from_trace(records, captured)
+        workload = phases_of_trace(records)
+    else:
+        if not (args.costs and args.accept and args.phases):
+            parser.error("give --trace, or --costs, --accept and --phases")
+        with open(args.costs) as f:
+            costs = {
+                int(m): {int(bs): t for bs, t in by_bs.items()}
+                for m, by_bs in json.load(f).items()
+            }
+        env = Environment(costs=costs, acceptance=parse_acceptance(args.accept))
+    if args.phases:
+        workload = parse_phases(args.phases)
+
+    results = {
+        spec: simulate(make_policy(spec, env, args.prior_accept_length), env, workload)
+        for spec in args.policies.split(",")
+    }
+    static = [r["tokens_per_second"] for s, r in results.items() if s in STATIC]
+    if not static:
+        parser.error("--policies needs nospec or always (the reference)")
+    best_static = max(static)
+    print(f"{'policy':<16} {'tok/s':>10} {'x best static':>14} {'spec steps':>11}")
+    for spec, r in results.items():
+        print(
+            f"{spec:<16} {r['tokens_per_second']:>10.1f} "
+            f"{r['tokens_per_second'] / best_static:>14.3f} {r['spec_step_share']:>11.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""benchmark/dynamic_spec/policy_sim.py: replaying a workload through the load-aware
+policies offline. No GPU; the cost tables are fixtures, not measurements."""
+
+import importlib.util
+import io
+import json
+import sys
+import tempfile
+import unittest
+from contextlib import redirect_stdout
+from pathlib import Path
+
+from sglang.srt.speculative.throughput_policy import chain_accept_length
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=10, suite="base-a-test-cpu")
+
+SCRIPT = Path(__file__).resolve().parents[4] / "benchmark/dynamic_spec/policy_sim.py"
+COSTS = {
+    0: {1: 0.010, 8: 0.011, 32: 0.013, 64: 0.016, 128: 0.022, 256: 0.035},
+    3: {1: 0.016, 8: 0.019, 32: 0.028, 64: 0.042, 128: 0.070, 256: 0.125},
+}
+
+
+def load_policy_sim():
+    spec = importlib.util.spec_from_file_location("policy_sim", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sim = load_policy_sim()
+
+
+def run(policy: str, env, phases):
+    return sim.simulate(sim.make_policy(policy, env, 1.0), env, phases)
+
+
+class TestEnvironment(CustomTestCase):
+    def test_acceptance_timeline(self):
+        env = sim.Environment(COSTS, sim.parse_acceptance("0.9x10,0.5x10"))
+        self.assertAlmostEqual(env.accept_length(3, 9.9), chain_accept_length(0.9, 3))
+        self.assertAlmostEqual(env.accept_length(3, 10.0), chain_accept_length(0.5, 3))
+        self.assertEqual(env.accept_length(0, 0.0), 1.0)
+
+    def test_phases(self):
+        self.assertEqual(sim.parse_phases("1x2,32x0.5"), [(1, 2.0), (32, 0.5)])
+
+    def test_environment_from_a_trace(self):
+        trace = [
+            {"batch_size": 1, "num_steps": 3, "seconds": 0.02, "num_tokens": 3},
+            {"batch_size": 1, "num_steps": 3, "seconds": 0.04, "num_tokens": 3},
+            {"batch_size": 1, "num_steps": 0, "seconds": 0.01},
+            {"batch_size": 64, "num_steps": 0, "seconds": 0.016},
+            {"batch_size": 50, "num_steps": 3, "seconds": 0.05, "num_tokens": 100},
+        ]
+        env = sim.environment_from_trace(trace, [1, 64])
+        self.assertEqual(env.costs, {0: {1: 0.01, 64: 0.016}, 3: {1: 0.03, 64: 0.05}})
+        self.assertAlmostEqual(env.accept_length(3, 0.0), 3.0, 5)
+        self.assertAlmostEqual(env.accept_length(3, 0.09), 2.0, 5)  # from the last step
+        self.assertEqual(sim.phases_of_trace(trace)[3], (64, 0.016))
+
+    def test_a_trace_missing_a_bucket_is_refused(self):
+        trace = [{"batch_size": 1, "num_steps": 3, "seconds": 0.02, "num_tokens": 3}]
+        trace.append({"batch_size": 64, "num_steps": 0, "seconds": 0.016})
+        with self.assertRaises(ValueError):
+            sim.environment_from_trace(trace, [1, 64])
+
+
+class TestSimulate(CustomTestCase):
+    def test_static_policies_match_the_closed_form(self):
+        env = sim.Environment(COSTS, sim.parse_acceptance("0.8"))
+        e = chain_accept_length(0.8, 3)
+        nospec = run("nospec", env, [(64, 10.0)])
+        always = run("always", env, [(64, 10.0)])
+        self.assertAlmostEqual(nospec["tokens_per_second"], 64 / 0.016, delta=1)
+        self.assertAlmostEqual(always["tokens_per_second"], 64 * e / 0.042, delta=1)
+        self.assertEqual((nospec["spec_step_share"], always["spec_step_share"]), (0, 1))
+
+    def test_every_policy_runs_each_phase_for_its_time(self):
+        env = sim.Environment(COSTS, sim.parse_acceptance("0.8"))
+        for policy in ("nospec", "always", "threshold:64", "auto"):
+            result = run(policy, env, [(1, 1.0), (256, 1.0)])
+            self.assertGreaterEqual(result["seconds"], 2.0)
+            self.assertLess(result["seconds"], 2.0 + 2 * 0.125)
+
+    def test_auto_tracks_the_better_mode_on_a_ramp(self):
+        env = sim.Environment(COSTS, sim.parse_acceptance("0.8"))
+        ramp = [(bs, 3.0) for bs in (1, 8, 32, 64, 128, 256, 16)]
+        results = {
+            p: run(p, env, ramp)["tokens_per_second"]
+            for p in ("nospec", "always", "threshold:16", "threshold:128", "auto")
+        }
+        best_static = max(results["nospec"], results["always"])
+        self.assertGreater(results["auto"], 1.05 * best_static)
+        self.assertGreater(results["auto"], 0.98 * results["threshold:128"])
+        self.assertGreater(results["auto"], results["threshold:16"])
+
+    def test_auto_follows_a_content_shift_no_threshold_can(self):
+        env = sim.Environment(COSTS, sim.parse_acceptance("0.95x10,0.4x10"))
+        results = {
+            p: run(p, env, [(64, 20.0)])["tokens_per_second"]
+            for p in ("nospec", "always", "threshold:32", "threshold:128", "auto")
+        }
+        best_fixed = max(v for p, v in results.items() if p != "auto")
+        self.assertGreater(results["auto"], 1.05 * best_fixed)
+
+    def test_cli_prints_one_row_per_policy(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            json.dump({str(m): by_bs for m, by_bs in COSTS.items()}, f)
+            f.flush()
+            out = io.StringIO()
+            with redirect_stdout(out):
+                sim.main(
+                    ["--costs", f.name, "--accept", "0.8", "--phases", "1x1,256x1"]
+                    + ["--policies", "nospec,always,auto"]
+                )
+        rows = out.getvalue().splitlines()[1:]
+        self.assertEqual([r.split()[0] for r in rows], ["nospec", "always", "auto"])
+
+
+if __name__ == "__main__":
+    unittest.main()
