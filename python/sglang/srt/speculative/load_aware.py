@@ -64,12 +64,27 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def runs_plain_steps(worker: EAGLEWorkerV2) -> bool:
-    """Whether some decode steps of this worker run plain."""
+def build_plain_step(worker: EAGLEWorkerV2) -> Optional[LoadAwarePlainStep]:
+    """The plain step of a worker whose decode steps can run plain, or None.
+
+    Adaptive tiers at 0 draft steps on a model the plain step cannot serve keep
+    upstream's one-node verify; the load-aware thresholds refuse it.
+    """
+    threshold = get_spec().speculative_disable_batch_threshold
     adaptive = worker.adaptive_controller
-    return get_spec().speculative_disable_batch_threshold is not None or (
-        adaptive is not None and 0 in adaptive.candidate_steps
+    zero_step_tiers = adaptive is not None and 0 in adaptive.candidate_steps
+    if threshold is None and not zero_step_tiers:
+        return None
+    reason = load_aware_worker_unsupported_reason(worker)
+    if reason is None:
+        return LoadAwarePlainStep(worker)
+    if threshold is not None:
+        raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
+    log_info_on_rank0(
+        logger,
+        f"Adaptive tiers at 0 draft steps run upstream's one-node verify: {reason}.",
     )
+    return None
 
 
 def load_aware_worker_unsupported_reason(worker: EAGLEWorkerV2) -> Optional[str]:
@@ -301,9 +316,6 @@ class LoadAwarePlainStep:
     """The plain decode step of an EAGLEWorkerV2 (module docstring)."""
 
     def __init__(self, worker: EAGLEWorkerV2):
-        reason = load_aware_worker_unsupported_reason(worker)
-        if reason is not None:
-            raise ValueError(f"Load-aware speculation: {reason}.")
         self.worker = worker
         self.target_decode_graphs = TargetDecodeGraphs(worker)
         self.draft_catch_up = DraftCatchUp(worker.draft_worker)

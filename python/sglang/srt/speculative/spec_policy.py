@@ -123,11 +123,16 @@ class SpecPolicy:
         cls, server_args: ServerArgs, worker: Any = None
     ) -> Optional["SpecPolicy"]:
         """The policy of a speculative server whose decode steps can be plain,
-        or None. worker: the speculative worker (its adaptive controller, if any,
-        gives the tiers' step counts)."""
+        or None. worker: the speculative worker (if it runs plain steps, its
+        adaptive controller's tiers at 0 draft steps are plain steps)."""
         adaptive = getattr(worker, "adaptive_controller", None)
         zero_draft_steps = None
-        if adaptive is not None and 0 in adaptive.candidate_steps:
+        plain_step = getattr(worker, "plain_step", None)
+        if (
+            plain_step is not None
+            and adaptive is not None
+            and 0 in adaptive.candidate_steps
+        ):
             params = adaptive.params
             zero_draft_steps = lambda bs: params.get_steps_for_batch(bs) == 0
         if server_args.speculative_disable_batch_threshold is None:
