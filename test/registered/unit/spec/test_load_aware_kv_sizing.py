@@ -132,7 +132,8 @@ class KVSizingTestBase(CustomTestCase):
 
     def check_rows(self, batch):
         """Every allocated position has its own slot (0 is the padding slot);
-        paged: position p sits at offset p % page_size of its page."""
+        paged: position p sits at offset p % page_size of the page of the
+        positions before it."""
         slots = []
         for req in batch.reqs:
             row = self.pools.req_to_token_pool.req_to_token[
@@ -141,6 +142,8 @@ class KVSizingTestBase(CustomTestCase):
             self.assertTrue(all(slot > 0 for slot in row), req.rid)
             for pos, slot in enumerate(row):
                 self.assertEqual(slot % self.page_size, pos % self.page_size)
+                if pos % self.page_size:
+                    self.assertEqual(slot, row[pos - 1] + 1, (req.rid, pos))
             slots += row
         self.assertEqual(len(slots), len(set(slots)))
 
