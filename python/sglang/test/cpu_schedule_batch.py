@@ -26,7 +26,7 @@ from sglang.srt.mem_cache.allocator import (
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.chunk_cache import ChunkCache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-from sglang.srt.runtime_context import get_context
+from sglang.srt.runtime_context import get_context, get_parallel
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -39,6 +39,23 @@ def publish_server_args(test_case: TestCase, **fields) -> ServerArgs:
     server_args = override.install()
     test_case.addCleanup(override.restore)
     return server_args
+
+
+def single_rank(test_case: TestCase) -> None:
+    """The parallel topology of a single-GPU server, for the rest of the test
+    (no process group is initialized)."""
+    test_case.enterContext(
+        get_parallel().override(
+            world_size=1,
+            world_rank=0,
+            tp_size=1,
+            tp_rank=0,
+            pp_size=1,
+            pp_rank=0,
+            moe_ep_size=1,
+            moe_ep_rank=0,
+        )
+    )
 
 
 @dataclasses.dataclass
