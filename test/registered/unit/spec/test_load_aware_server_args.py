@@ -1,7 +1,9 @@
 """Server args of load-aware speculation: CLI flags, defaults and validation.
 
 CPU only: ServerArgs is built for real (device="cpu") from a tiny local model
-config; no server, no weights, no GPU.
+config, through __post_init__ and handle_speculative_decoding (which calls
+resolve_load_aware_server_args); no server, no weights, no GPU. The pure
+validation functions are also run on plain namespaces of the field defaults.
 """
 
 import argparse
@@ -9,7 +11,6 @@ import unittest
 from dataclasses import MISSING, fields
 from types import SimpleNamespace
 
-from sglang.srt.environ import envs
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_policy import (
     SpecPolicy,
@@ -23,6 +24,10 @@ from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
+FLAG_N = "--speculative-disable-batch-threshold"
+FLAG_M = "--speculative-enable-batch-threshold"
+FLAG_DWELL = "--speculative-load-aware-min-dwell-steps"
+
 
 def default_args_namespace(**overrides):
     """The ServerArgs field defaults, as a plain namespace (pure-function tests)."""
@@ -32,39 +37,38 @@ def default_args_namespace(**overrides):
         speculative_num_steps=3,
         speculative_eagle_topk=1,
         speculative_num_draft_tokens=4,
-        disable_overlap_schedule=True,  # the v1 worker
     )
     values.update(overrides)
     return SimpleNamespace(**values)
 
 
-class TestLoadAwareCli(CustomTestCase):
-    def parse(self, argv):
-        parser = argparse.ArgumentParser()
-        ServerArgs.add_cli_args(parser)
-        return parser.parse_args(["--model-path", "dummy"] + argv)
+def cli_namespace(argv):
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return parser.parse_args(argv)
 
+
+class TestLoadAwareCli(CustomTestCase):
     def test_flags_default_off(self):
-        ns = self.parse([])
+        ns = cli_namespace(["--model-path", "dummy"])
         self.assertIsNone(ns.speculative_disable_batch_threshold)
         self.assertIsNone(ns.speculative_enable_batch_threshold)
         self.assertEqual(ns.speculative_load_aware_min_dwell_steps, 8)
         self.assertIsNone(ServerArgs.speculative_disable_batch_threshold)
+        self.assertIsNone(ServerArgs.speculative_enable_batch_threshold)
+        self.assertEqual(ServerArgs.speculative_load_aware_min_dwell_steps, 8)
 
     def test_flags_parse_as_ints(self):
-        ns = self.parse(
-            [
-                "--speculative-disable-batch-threshold",
-                "32",
-                "--speculative-enable-batch-threshold",
-                "20",
-                "--speculative-load-aware-min-dwell-steps",
-                "3",
-            ]
+        ns = cli_namespace(
+            ["--model-path", "dummy", FLAG_N, "32", FLAG_M, "20", FLAG_DWELL, "3"]
         )
         self.assertEqual(ns.speculative_disable_batch_threshold, 32)
         self.assertEqual(ns.speculative_enable_batch_threshold, 20)
         self.assertEqual(ns.speculative_load_aware_min_dwell_steps, 3)
+
+    def test_non_integer_threshold_refused_by_the_parser(self):
+        with self.assertRaises(SystemExit):
+            cli_namespace(["--model-path", "dummy", FLAG_N, "many"])
 
 
 class TestLoadAwareValidationPure(CustomTestCase):
@@ -91,49 +95,42 @@ class TestLoadAwareValidationPure(CustomTestCase):
         self.assertEqual(args.speculative_enable_batch_threshold, 4)
 
     def test_feature_off_is_untouched(self):
-        args = default_args_namespace(speculative_algorithm="NGRAM")
-        resolve_load_aware_server_args(args)
-        self.assertIsNone(args.speculative_enable_batch_threshold)
+        for algo in ("NGRAM", "EAGLE", None):
+            args = default_args_namespace(speculative_algorithm=algo)
+            resolve_load_aware_server_args(args)
+            self.assertIsNone(args.speculative_enable_batch_threshold, algo)
 
     def test_invalid_thresholds(self):
-        flag_n = "--speculative-disable-batch-threshold"
-        flag_m = "--speculative-enable-batch-threshold"
-        self.assertRaisesNaming(
-            default_args_namespace(speculative_disable_batch_threshold=1), flag_n
-        )
-        self.assertRaisesNaming(
-            default_args_namespace(speculative_disable_batch_threshold=0), flag_n
-        )
-        self.assertRaisesNaming(
-            default_args_namespace(speculative_disable_batch_threshold=-3), flag_n
-        )
-        self.assertRaisesNaming(
-            default_args_namespace(
-                speculative_disable_batch_threshold=8,
-                speculative_enable_batch_threshold=8,
+        cases = [
+            (dict(speculative_disable_batch_threshold=1), [FLAG_N]),
+            (dict(speculative_disable_batch_threshold=0), [FLAG_N]),
+            (dict(speculative_disable_batch_threshold=-3), [FLAG_N]),
+            (
+                dict(
+                    speculative_disable_batch_threshold=8,
+                    speculative_enable_batch_threshold=8,
+                ),
+                [FLAG_M, FLAG_N],
             ),
-            flag_m,
-            flag_n,
-        )
-        self.assertRaisesNaming(
-            default_args_namespace(
-                speculative_disable_batch_threshold=8,
-                speculative_enable_batch_threshold=0,
+            (
+                dict(
+                    speculative_disable_batch_threshold=8,
+                    speculative_enable_batch_threshold=0,
+                ),
+                [FLAG_M],
             ),
-            flag_m,
-        )
-        self.assertRaisesNaming(
-            default_args_namespace(speculative_enable_batch_threshold=4),
-            flag_m,
-            flag_n,
-        )
-        self.assertRaisesNaming(
-            default_args_namespace(
-                speculative_disable_batch_threshold=8,
-                speculative_load_aware_min_dwell_steps=-1,
+            (dict(speculative_enable_batch_threshold=4), [FLAG_M, FLAG_N]),
+            (
+                dict(
+                    speculative_disable_batch_threshold=8,
+                    speculative_load_aware_min_dwell_steps=-1,
+                ),
+                [FLAG_DWELL],
             ),
-            "--speculative-load-aware-min-dwell-steps",
-        )
+        ]
+        for overrides, needles in cases:
+            with self.subTest(**overrides):
+                self.assertRaisesNaming(default_args_namespace(**overrides), *needles)
 
     def test_unsupported_modes_are_named(self):
         base = dict(speculative_disable_batch_threshold=8)
@@ -142,44 +139,47 @@ class TestLoadAwareValidationPure(CustomTestCase):
             (dict(speculative_algorithm="NGRAM"), "NGRAM"),
             (dict(speculative_algorithm="STANDALONE"), "STANDALONE"),
             (dict(speculative_algorithm="DFLASH"), "DFLASH"),
+            (dict(speculative_algorithm="DSPARK"), "DSPARK"),
+            (dict(speculative_algorithm="FROZEN_KV_MTP"), "FROZEN_KV_MTP"),
             (dict(enable_multi_layer_eagle=True), "--enable-multi-layer-eagle"),
             (dict(enable_dp_attention=True), "--enable-dp-attention"),
             (dict(enable_two_batch_overlap=True), "--enable-two-batch-overlap"),
             (dict(enable_pdmux=True), "--enable-pdmux"),
-            (dict(speculative_adaptive=True), "--speculative-adaptive"),
             (dict(enable_lora=True), "--enable-lora"),
+            (
+                dict(speculative_use_rejection_sampling=True),
+                "--speculative-use-rejection-sampling",
+            ),
             (dict(pp_size=2), "--pp-size"),
         ]
         for overrides, needle in cases:
-            args = default_args_namespace(**base, **overrides)
-            self.assertIsNotNone(load_aware_unsupported_reason(args), overrides)
-            self.assertRaisesNaming(
-                args, "--speculative-disable-batch-threshold", needle
-            )
-        for algo in ("EAGLE", "EAGLE3"):
-            for topk in (1, 4):
-                args = default_args_namespace(
-                    speculative_algorithm=algo, speculative_eagle_topk=topk, **base
-                )
-                self.assertIsNone(load_aware_unsupported_reason(args))
-            # The spec-v2 overlap worker: chains, trees, and chains with the adaptive
-            # step count.
-            for topk, ndt, adaptive in ((1, 4, False), (4, 16, False), (1, 4, True)):
-                args = default_args_namespace(
-                    speculative_algorithm=algo,
-                    disable_overlap_schedule=False,
-                    speculative_eagle_topk=topk,
-                    speculative_num_draft_tokens=ndt,
-                    speculative_adaptive=adaptive,
-                    **base,
-                )
-                self.assertIsNone(load_aware_unsupported_reason(args))
+            with self.subTest(**overrides):
+                args = default_args_namespace(**base, **overrides)
+                self.assertIn(needle, load_aware_unsupported_reason(args))
+                self.assertRaisesNaming(args, FLAG_N, needle)
 
-    def test_adaptive_refusal_names_the_worker(self):
-        args = default_args_namespace(
-            speculative_disable_batch_threshold=8, speculative_adaptive=True
-        )
-        self.assertIn("spec-v2", load_aware_unsupported_reason(args))
+    def test_supported_modes(self):
+        """EAGLEWorkerV2 serves chains and draft trees, with and without the
+        overlap scheduler, and chains with upstream's adaptive step count."""
+        for algo in ("EAGLE", "EAGLE3"):
+            for topk, ndt, adaptive in ((1, 4, False), (4, 16, False), (1, 4, True)):
+                for disable_overlap in (False, True):
+                    args = default_args_namespace(
+                        speculative_algorithm=algo,
+                        speculative_eagle_topk=topk,
+                        speculative_num_draft_tokens=ndt,
+                        speculative_adaptive=adaptive,
+                        disable_overlap_schedule=disable_overlap,
+                        speculative_disable_batch_threshold=8,
+                    )
+                    self.assertIsNone(load_aware_unsupported_reason(args))
+                    resolve_load_aware_server_args(args)
+                    self.assertEqual(args.speculative_enable_batch_threshold, 6)
+
+    def test_unsupported_modes_without_the_feature_are_left_alone(self):
+        args = default_args_namespace(speculative_algorithm="NGRAM", enable_lora=True)
+        resolve_load_aware_server_args(args)
+        self.assertIsNone(args.speculative_enable_batch_threshold)
 
     def test_policy_from_args(self):
         self.assertIsNone(SpecPolicy.from_server_args(default_args_namespace()))
@@ -200,7 +200,7 @@ class TestLoadAwareValidationPure(CustomTestCase):
 
 
 class TestLoadAwareServerArgs(CustomTestCase):
-    """The real ServerArgs post-init path (_handle_speculative_decoding)."""
+    """The real ServerArgs post-init path (handle_speculative_decoding)."""
 
     @classmethod
     def setUpClass(cls):
@@ -210,7 +210,7 @@ class TestLoadAwareServerArgs(CustomTestCase):
     def tearDownClass(cls):
         cls.tmpdir.cleanup()
 
-    def make(self, spec_v2=False, **kwargs):
+    def values(self, **kwargs):
         values = dict(
             model_path=self.tmpdir.name,
             device="cpu",
@@ -222,8 +222,16 @@ class TestLoadAwareServerArgs(CustomTestCase):
             speculative_num_draft_tokens=4,
         )
         values.update(kwargs)
-        with envs.SGLANG_ENABLE_SPEC_V2.override(spec_v2):
-            return ServerArgs(**values)
+        return values
+
+    def make(self, **kwargs):
+        return ServerArgs(**self.values(**kwargs))
+
+    def assertRefused(self, *needles, **kwargs):
+        with self.assertRaises(ValueError) as ctx:
+            self.make(**kwargs)
+        for needle in needles:
+            self.assertIn(needle, str(ctx.exception))
 
     def test_feature_off_keeps_speculative_defaults(self):
         args = self.make()
@@ -233,92 +241,158 @@ class TestLoadAwareServerArgs(CustomTestCase):
 
     def test_feature_on_lifts_running_request_cap(self):
         args = self.make(speculative_disable_batch_threshold=16)
+        self.assertEqual(args.speculative_disable_batch_threshold, 16)
         self.assertEqual(args.speculative_enable_batch_threshold, 12)
+        self.assertEqual(args.speculative_load_aware_min_dwell_steps, 8)
         self.assertIsNone(args.max_running_requests)
-        self.assertTrue(args.disable_overlap_schedule)
+
+    def test_from_the_command_line(self):
+        argv = ["--model-path", self.tmpdir.name, "--device", "cpu"]
+        argv += ["--skip-tokenizer-init", "--speculative-algorithm", "EAGLE3"]
+        argv += ["--speculative-draft-model-path", self.tmpdir.name]
+        argv += ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
+        argv += ["--speculative-num-draft-tokens", "4"]
+        argv += [FLAG_N, "24", FLAG_DWELL, "2"]
+        args = ServerArgs.from_cli_args(cli_namespace(argv))
+        self.assertEqual(args.speculative_algorithm, "EAGLE3")
+        self.assertEqual(args.speculative_disable_batch_threshold, 24)
+        self.assertEqual(args.speculative_enable_batch_threshold, 18)
+        self.assertEqual(args.speculative_load_aware_min_dwell_steps, 2)
+        self.assertIsNone(args.max_running_requests)
 
     def test_explicit_max_running_requests_kept(self):
-        args = self.make(
-            speculative_disable_batch_threshold=16, max_running_requests=256
-        )
-        self.assertEqual(args.max_running_requests, 256)
+        for threshold in (None, 16):
+            args = self.make(
+                speculative_disable_batch_threshold=threshold, max_running_requests=256
+            )
+            self.assertEqual(args.max_running_requests, 256, threshold)
 
-    def test_tree_speculation_supported(self):
+    def test_cap_below_the_threshold_warns(self):
+        with self.assertLogs("sglang.srt.speculative.spec_policy", "WARNING") as logs:
+            args = self.make(
+                speculative_disable_batch_threshold=16, max_running_requests=8
+            )
+        self.assertEqual(args.max_running_requests, 8)
+        self.assertIn("never go plain", logs.output[0])
+
+    def test_chains_of_eagle_and_eagle3(self):
+        for algo in ("EAGLE", "EAGLE3", "NEXTN"):  # NEXTN resolves to EAGLE
+            args = self.make(
+                speculative_algorithm=algo, speculative_disable_batch_threshold=8
+            )
+            self.assertIn(args.speculative_algorithm, ("EAGLE", "EAGLE3"))
+            self.assertEqual(args.speculative_enable_batch_threshold, 6)
+
+    def test_draft_trees_accepted(self):
+        for page in (dict(page_size=1), dict(page_size=16, attention_backend="triton")):
+            args = self.make(
+                speculative_disable_batch_threshold=8,
+                speculative_enable_batch_threshold=2,
+                speculative_eagle_topk=4,
+                speculative_num_draft_tokens=8,
+                **page,
+            )
+            self.assertEqual(args.speculative_eagle_topk, 4, page)
+            self.assertEqual(args.speculative_num_draft_tokens, 8, page)
+            self.assertEqual(args.speculative_enable_batch_threshold, 2, page)
+            self.assertIsNone(args.max_running_requests)
+
+    def test_adaptive_accepted_with_the_thresholds(self):
+        args = self.make(
+            speculative_disable_batch_threshold=8, speculative_adaptive=True
+        )
+        self.assertTrue(args.speculative_adaptive)
+        self.assertEqual(args.speculative_disable_batch_threshold, 8)
+        self.assertEqual(args.speculative_enable_batch_threshold, 6)
+        # The step count left to the adaptive tiers.
         args = self.make(
             speculative_disable_batch_threshold=8,
-            speculative_enable_batch_threshold=2,
+            speculative_adaptive=True,
+            speculative_num_steps=None,
+            speculative_eagle_topk=None,
+            speculative_num_draft_tokens=None,
+        )
+        self.assertTrue(args.speculative_adaptive)
+        self.assertEqual(args.speculative_eagle_topk, 1)
+        self.assertEqual(
+            args.speculative_num_draft_tokens, args.speculative_num_steps + 1
+        )
+
+    def test_adaptive_refused_by_upstream_keeps_the_thresholds(self):
+        """Upstream's adaptive mode is topk 1 only: with a tree it falls back to
+        static steps; the load-aware thresholds still apply."""
+        args = self.make(
+            speculative_disable_batch_threshold=8,
+            speculative_adaptive=True,
             speculative_eagle_topk=4,
             speculative_num_draft_tokens=8,
         )
-        self.assertEqual(args.speculative_enable_batch_threshold, 2)
-
-    def test_spec_v2_supported(self):
-        args = self.make(spec_v2=True, speculative_disable_batch_threshold=8)
-        self.assertFalse(args.disable_overlap_schedule)  # the v2 overlap worker
+        self.assertFalse(args.speculative_adaptive)
         self.assertEqual(args.speculative_enable_batch_threshold, 6)
-        self.assertIsNone(args.max_running_requests)
 
-    def test_worker_of_draft_trees(self):
-        """Trees run on spec v2 at page size 1 and fall back to v1 at page size 16
-        (or stay there when v1 is asked for), with or without load-aware speculation."""
-        page_16 = dict(page_size=16, attention_backend="flashinfer")
-        cases = [  # (overrides, on the v1 worker)
-            (dict(spec_v2=True, page_size=1), False),
-            (dict(spec_v2=True, **page_16), True),
-            (dict(spec_v2=False, **page_16), True),
-            (dict(spec_v2=True, disable_overlap_schedule=True, **page_16), True),
-        ]
-        for overrides, on_v1 in cases:
-            for threshold in (None, 8):
-                args = self.make(
-                    speculative_disable_batch_threshold=threshold,
-                    speculative_eagle_topk=4,
-                    speculative_num_draft_tokens=16,
-                    **overrides,
-                )
-                self.assertEqual(
-                    args.disable_overlap_schedule, on_v1, (overrides, threshold)
-                )
-                self.assertEqual(args.speculative_eagle_topk, 4)
-
-    def test_spec_v2_chain_at_page_size_16_allowed(self):
-        args = self.make(spec_v2=True, page_size=16)
-        self.assertFalse(args.disable_overlap_schedule)
-
-    def test_spec_v2_adaptive_accepted(self):
-        args = self.make(
-            spec_v2=True,
+    def test_invalid_thresholds_rejected(self):
+        self.assertRefused(
+            FLAG_M,
+            FLAG_N,
             speculative_disable_batch_threshold=8,
-            speculative_adaptive=True,
+            speculative_enable_batch_threshold=9,
         )
-        self.assertTrue(args.speculative_adaptive)
-        self.assertFalse(args.disable_overlap_schedule)
-        self.assertEqual(args.speculative_enable_batch_threshold, 6)
+        self.assertRefused(FLAG_N, speculative_disable_batch_threshold=1)
+        self.assertRefused(
+            FLAG_DWELL,
+            speculative_disable_batch_threshold=8,
+            speculative_load_aware_min_dwell_steps=-2,
+        )
+        self.assertRefused(FLAG_M, FLAG_N, speculative_enable_batch_threshold=4)
 
-    def test_v1_adaptive_rejected(self):
-        with self.assertRaises(ValueError) as ctx:
-            self.make(speculative_disable_batch_threshold=8, speculative_adaptive=True)
-        self.assertIn("--speculative-adaptive", str(ctx.exception))
+    def test_unsupported_modes_rejected(self):
+        self.assertRefused(
+            FLAG_N,
+            "--speculative-algorithm",
+            speculative_algorithm=None,
+            speculative_draft_model_path=None,
+            speculative_num_steps=None,
+            speculative_eagle_topk=None,
+            speculative_num_draft_tokens=None,
+            speculative_disable_batch_threshold=8,
+        )
+        self.assertRefused(
+            FLAG_N,
+            "NGRAM",
+            speculative_algorithm="NGRAM",
+            speculative_draft_model_path=None,
+            speculative_disable_batch_threshold=8,
+        )
+        self.assertRefused(
+            FLAG_N,
+            "STANDALONE",
+            speculative_algorithm="STANDALONE",
+            speculative_disable_batch_threshold=8,
+        )
+        self.assertRefused(
+            FLAG_N,
+            "--speculative-use-rejection-sampling",
+            speculative_use_rejection_sampling=True,
+            speculative_disable_batch_threshold=8,
+        )
+        self.assertRefused(
+            FLAG_N, "--pp-size", pp_size=2, speculative_disable_batch_threshold=8
+        )
 
-    def test_invalid_threshold_rejected(self):
-        with self.assertRaises(ValueError) as ctx:
-            self.make(
-                speculative_disable_batch_threshold=8,
-                speculative_enable_batch_threshold=9,
-            )
-        self.assertIn("--speculative-enable-batch-threshold", str(ctx.exception))
-
-    def test_threshold_without_speculation_rejected(self):
-        with self.assertRaises(ValueError) as ctx:
-            self.make(
-                speculative_algorithm=None,
-                speculative_draft_model_path=None,
-                speculative_num_steps=None,
-                speculative_eagle_topk=None,
-                speculative_num_draft_tokens=None,
-                speculative_disable_batch_threshold=8,
-            )
-        self.assertIn("--speculative-algorithm", str(ctx.exception))
+    def test_policy_from_resolved_args(self):
+        args = self.make(
+            speculative_disable_batch_threshold=12,
+            speculative_load_aware_min_dwell_steps=0,
+        )
+        policy = SpecPolicy.from_server_args(args)
+        self.assertEqual(
+            (policy.disable_batch_threshold, policy.enable_batch_threshold), (12, 9)
+        )
+        self.assertEqual(
+            [policy.decide(bs).speculate for bs in (11, 12, 10, 9)],
+            [True, False, False, True],
+        )
+        self.assertIsNone(SpecPolicy.from_server_args(self.make()))
 
 
 if __name__ == "__main__":

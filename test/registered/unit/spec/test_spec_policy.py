@@ -1,19 +1,33 @@
 """Unit tests for the load-aware speculation policy (srt/speculative/spec_policy.py).
 
-Pure Python: no server, no model loading, no GPU.
+No server, no model loading, no GPU: the policy is pure Python; decode_kv_reserve
+reads the speculative server args published in the runtime context.
 """
 
 import itertools
+import json
+import os
 import random
+import tempfile
 import unittest
+from types import SimpleNamespace
 
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.mem_cache.allocation_sizing import (
+    get_alloc_len_per_decode,
+    get_alloc_reserve_per_decode,
+)
+from sglang.srt.runtime_context import get_context
+from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
 from sglang.srt.speculative.spec_policy import (
     DECISION_REASONS,
     REASON_DWELL,
     REASON_HIGH_LOAD,
     REASON_HYSTERESIS,
     REASON_LOW_LOAD,
+    REASON_ZERO_DRAFT_STEPS,
     SpecPolicy,
+    decode_kv_reserve,
     default_enable_batch_threshold,
     speculative_capture_bs,
 )
@@ -236,8 +250,8 @@ class TestSpecPolicySequences(CustomTestCase):
         self.assertEqual(
             [record.getMessage() for record in logs.records],
             [
-                "Load-aware speculation: plain from decode step 1 (running batch 9).",
-                "Load-aware speculation: speculative from decode step 4 (running batch 3).",
+                "Load-aware speculation: plain from decode step 1 (running batch 9, high_load).",
+                "Load-aware speculation: speculative from decode step 4 (running batch 3, low_load).",
             ],
         )
 
@@ -270,6 +284,364 @@ class TestSpeculativeCaptureBs(CustomTestCase):
         capture = list(self.CAPTURE)
         speculative_capture_bs(capture, 5)
         self.assertEqual(capture, self.CAPTURE)
+
+
+def zero_at(*sizes):
+    """zero_draft_steps of an adaptive config whose tiers run 0 steps at ``sizes``."""
+    return lambda bs: bs in sizes
+
+
+class TestSpecPolicyZeroDraftSteps(CustomTestCase):
+    """--speculative-adaptive tiers at 0 draft steps: those decode steps run plain."""
+
+    def test_adaptive_only_follows_the_tier(self):
+        policy = SpecPolicy(None, zero_draft_steps=lambda bs: bs >= 32)
+        self.assertIsNone(policy.enable_batch_threshold)
+        decisions = [policy.decide(bs) for bs in [1, 31, 32, 100, 31, 1]]
+        self.assertEqual(
+            [d.speculate for d in decisions], [True, True, False, False, True, True]
+        )
+        self.assertEqual(
+            [d.reason for d in decisions],
+            [REASON_LOW_LOAD] * 2
+            + [REASON_ZERO_DRAFT_STEPS] * 2
+            + [REASON_LOW_LOAD] * 2,
+        )
+        self.assertEqual(
+            [d.toggled for d in decisions], [False, False, True, False, True, False]
+        )
+        self.assertIn(REASON_ZERO_DRAFT_STEPS, DECISION_REASONS)
+
+    def test_zero_step_steps_are_counted_as_plain(self):
+        policy = SpecPolicy(None, zero_draft_steps=zero_at(64))
+        for bs in [64, 64, 1, 64, 1, 1]:
+            policy.decide(bs)
+        self.assertEqual(policy.num_plain_steps, 3)
+        self.assertEqual(policy.num_spec_steps, 3)
+        self.assertEqual(policy.num_toggles, 4)
+        self.assertEqual(
+            policy.step_counts,
+            {("plain", REASON_ZERO_DRAFT_STEPS): 3, ("spec", REASON_LOW_LOAD): 3},
+        )
+        state = policy.get_state()
+        self.assertTrue(state["adaptive_zero_draft_steps"])
+        self.assertIsNone(state["disable_batch_threshold"])
+        self.assertEqual(
+            state["steps_by_reason"],
+            {"plain/zero_draft_steps": 3, "spec/low_load": 3},
+        )
+        self.assertFalse(SpecPolicy(8).get_state()["adaptive_zero_draft_steps"])
+
+    def test_the_tier_is_asked_at_each_step(self):
+        """The tiers move with the acceptance: the policy asks them every step."""
+        zero = set()
+        policy = SpecPolicy(None, zero_draft_steps=lambda bs: bs in zero)
+        self.assertTrue(policy.decide(8).speculate)
+        zero.add(8)
+        self.assertFalse(policy.decide(8).speculate)
+        zero.clear()
+        self.assertTrue(policy.decide(8).speculate)
+
+    def test_thresholds_decide_first(self):
+        """A zero-step tier makes a step plain only where the thresholds speculate;
+        a plain step of the thresholds keeps its own reason."""
+        policy = SpecPolicy(8, 4, min_dwell_steps=2, zero_draft_steps=zero_at(2, 6, 9))
+        steps = [  # (bs, speculate, reason)
+            (2, False, REASON_ZERO_DRAFT_STEPS),
+            (3, True, REASON_LOW_LOAD),
+            (6, False, REASON_ZERO_DRAFT_STEPS),  # band, thresholds speculating
+            (5, True, REASON_HYSTERESIS),
+            (9, False, REASON_HIGH_LOAD),  # plain by load, zero tier or not
+            (6, False, REASON_HYSTERESIS),
+            (3, True, REASON_LOW_LOAD),  # two plain steps: dwell elapsed
+        ]
+        for bs, speculate, reason in steps:
+            decision = policy.decide(bs)
+            self.assertEqual(
+                (decision.speculate, decision.reason), (speculate, reason), bs
+            )
+        self.assertEqual(
+            policy.step_counts,
+            {
+                ("plain", REASON_ZERO_DRAFT_STEPS): 2,
+                ("spec", REASON_LOW_LOAD): 2,
+                ("spec", REASON_HYSTERESIS): 1,
+                ("plain", REASON_HIGH_LOAD): 1,
+                ("plain", REASON_HYSTERESIS): 1,
+            },
+        )
+        self.assertEqual(policy.num_toggles, 6)
+
+    def test_zero_step_plain_steps_leave_hysteresis_alone(self):
+        """Inside the band a zero-step plain step does not switch the thresholds'
+        mode: the next non-zero step in the band speculates (no dwell)."""
+        policy = SpecPolicy(16, 4, min_dwell_steps=100, zero_draft_steps=zero_at(10))
+        self.assertFalse(policy.decide(10).speculate)
+        decision = policy.decide(12)
+        self.assertTrue(decision.speculate)
+        self.assertEqual(decision.reason, REASON_HYSTERESIS)
+        self.assertTrue(decision.toggled)
+
+    def test_zero_step_plain_steps_do_not_start_a_dwell(self):
+        policy = SpecPolicy(8, 4, min_dwell_steps=5, zero_draft_steps=zero_at(2))
+        for _ in range(3):
+            self.assertEqual(policy.decide(2).reason, REASON_ZERO_DRAFT_STEPS)
+        decision = policy.decide(3)
+        self.assertTrue(decision.speculate)
+        self.assertEqual(decision.reason, REASON_LOW_LOAD)
+
+    def test_matches_thresholds_and_tier_on_random_sequences(self):
+        """Speculate iff the thresholds alone would and the tier is not at 0."""
+        rng = random.Random(1)
+        for trial in range(200):
+            n = rng.randint(2, 40)
+            m = rng.randint(1, n - 1)
+            dwell = rng.randint(0, 10)
+            zero = {bs for bs in range(2 * n + 1) if rng.random() < 0.3}
+            sizes = [rng.randint(0, 2 * n) for _ in range(200)]
+            thresholds_only = SpecPolicy(n, m, min_dwell_steps=dwell)
+            policy = SpecPolicy(
+                n, m, min_dwell_steps=dwell, zero_draft_steps=lambda bs: bs in zero
+            )
+            for step, bs in enumerate(sizes):
+                expected = thresholds_only.decide(bs)
+                decision = policy.decide(bs)
+                if expected.speculate and bs in zero:
+                    self.assertFalse(decision.speculate, (trial, step))
+                    self.assertEqual(decision.reason, REASON_ZERO_DRAFT_STEPS)
+                else:
+                    self.assertEqual(
+                        (decision.speculate, decision.reason),
+                        (expected.speculate, expected.reason),
+                        (trial, step),
+                    )
+            self.assertEqual(
+                policy.num_spec_steps + policy.num_plain_steps, len(sizes), trial
+            )
+            self.assertEqual(sum(policy.step_counts.values()), len(sizes), trial)
+
+
+def load_aware_args(**overrides):
+    """The four server args SpecPolicy.from_server_args reads."""
+    values = dict(
+        speculative_disable_batch_threshold=None,
+        speculative_enable_batch_threshold=None,
+        speculative_load_aware_min_dwell_steps=8,
+    )
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+class FakeAdaptiveParams:
+    """The step count of each batch size, as AdaptiveSpeculativeParams routes it."""
+
+    def __init__(self, steps_by_bs):
+        self.steps_by_bs = steps_by_bs
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        return self.steps_by_bs[batch_size]
+
+
+def adaptive_worker(candidate_steps, params):
+    return SimpleNamespace(
+        adaptive_controller=SimpleNamespace(
+            candidate_steps=candidate_steps, params=params
+        )
+    )
+
+
+class TestSpecPolicyFromServerArgs(CustomTestCase):
+    def test_off_without_threshold_or_zero_step_tier(self):
+        self.assertIsNone(SpecPolicy.from_server_args(load_aware_args()))
+        self.assertIsNone(
+            SpecPolicy.from_server_args(
+                load_aware_args(), SimpleNamespace(adaptive_controller=None)
+            )
+        )
+        worker = adaptive_worker([1, 3, 7], FakeAdaptiveParams({}))
+        self.assertIsNone(SpecPolicy.from_server_args(load_aware_args(), worker))
+
+    def test_thresholds(self):
+        policy = SpecPolicy.from_server_args(
+            load_aware_args(
+                speculative_disable_batch_threshold=10,
+                speculative_enable_batch_threshold=7,
+                speculative_load_aware_min_dwell_steps=2,
+            )
+        )
+        self.assertEqual(
+            (
+                policy.disable_batch_threshold,
+                policy.enable_batch_threshold,
+                policy.min_dwell_steps,
+                policy.zero_draft_steps,
+            ),
+            (10, 7, 2, None),
+        )
+        # No enable threshold resolved yet: the policy's own default.
+        policy = SpecPolicy.from_server_args(
+            load_aware_args(speculative_disable_batch_threshold=16)
+        )
+        self.assertEqual(policy.enable_batch_threshold, 12)
+
+    def test_adaptive_tiers_without_zero_steps_add_nothing(self):
+        worker = adaptive_worker([1, 3, 7], FakeAdaptiveParams({}))
+        policy = SpecPolicy.from_server_args(
+            load_aware_args(speculative_disable_batch_threshold=8), worker
+        )
+        self.assertIsNone(policy.zero_draft_steps)
+        self.assertTrue(policy.decide(7).speculate)
+
+    def test_zero_step_tier_alone_makes_a_policy(self):
+        steps_by_bs = {1: 3, 8: 1, 64: 0}
+        worker = adaptive_worker([0, 1, 3], FakeAdaptiveParams(steps_by_bs))
+        policy = SpecPolicy.from_server_args(load_aware_args(), worker)
+        self.assertIsNone(policy.disable_batch_threshold)
+        self.assertEqual(policy.decide(1).reason, REASON_LOW_LOAD)
+        self.assertEqual(policy.decide(64).reason, REASON_ZERO_DRAFT_STEPS)
+        # The tier's current step count, read at each decision.
+        steps_by_bs[8] = 0
+        self.assertFalse(policy.decide(8).speculate)
+        steps_by_bs[8] = 1
+        self.assertTrue(policy.decide(8).speculate)
+
+    def test_zero_step_tier_with_thresholds(self):
+        worker = adaptive_worker([0, 1], FakeAdaptiveParams({4: 0, 5: 1, 20: 1}))
+        policy = SpecPolicy.from_server_args(
+            load_aware_args(
+                speculative_disable_batch_threshold=16,
+                speculative_enable_batch_threshold=8,
+                speculative_load_aware_min_dwell_steps=0,
+            ),
+            worker,
+        )
+        self.assertEqual(policy.decide(4).reason, REASON_ZERO_DRAFT_STEPS)
+        self.assertEqual(policy.decide(5).reason, REASON_LOW_LOAD)
+        self.assertEqual(policy.decide(20).reason, REASON_HIGH_LOAD)
+
+    def test_upstream_default_tiers(self):
+        """With upstream's default adaptive config (bs >= 64: 0 steps only)."""
+        params = AdaptiveSpeculativeParams(initial_steps=3)
+        self.assertIn(0, params.candidate_steps)
+        worker = adaptive_worker(params.candidate_steps, params)
+        policy = SpecPolicy.from_server_args(load_aware_args(), worker)
+        self.assertTrue(policy.decide(1).speculate)
+        self.assertTrue(policy.decide(8).speculate)
+        decision = policy.decide(64)
+        self.assertFalse(decision.speculate)
+        self.assertEqual(decision.reason, REASON_ZERO_DRAFT_STEPS)
+        self.assertFalse(policy.decide(500).speculate)
+
+    def test_adaptive_config_without_zero_steps(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "adaptive.json")
+            with open(path, "w") as f:
+                json.dump({"1": {"candidate_steps": [1, 3]}}, f)
+            params = AdaptiveSpeculativeParams(initial_steps=3, cfg_path=path)
+        worker = adaptive_worker(params.candidate_steps, params)
+        self.assertIsNone(SpecPolicy.from_server_args(load_aware_args(), worker))
+
+
+class TestPlanDecodeStep(CustomTestCase):
+    def test_sets_this_and_previous_mode(self):
+        batch = SimpleNamespace(
+            size=2, spec_plain_step=False, spec_prev_plain_step=False
+        )
+        batch.batch_size = lambda: batch.size
+        policy = SpecPolicy(8, 4, min_dwell_steps=0)
+        expected = [  # (bs, spec_plain_step, spec_prev_plain_step)
+            (2, False, False),
+            (8, True, False),
+            (9, True, True),
+            (3, False, True),
+            (3, False, False),
+        ]
+        for bs, plain, prev_plain in expected:
+            batch.size = bs
+            policy.plan_decode_step(batch)
+            self.assertEqual(
+                (batch.spec_plain_step, batch.spec_prev_plain_step),
+                (plain, prev_plain),
+                bs,
+            )
+        self.assertEqual(policy.num_plain_steps, 2)
+
+    def test_on_a_schedule_batch(self):
+        batch = ScheduleBatch(reqs=[object()] * 5)
+        self.assertFalse(batch.spec_plain_step)
+        self.assertFalse(batch.spec_prev_plain_step)
+        policy = SpecPolicy(None, zero_draft_steps=zero_at(5))
+        policy.plan_decode_step(batch)
+        self.assertTrue(batch.spec_plain_step)
+        self.assertFalse(batch.spec_prev_plain_step)
+        batch.reqs = batch.reqs[:4]
+        policy.plan_decode_step(batch)
+        self.assertFalse(batch.spec_plain_step)
+        self.assertTrue(batch.spec_prev_plain_step)
+
+
+class TestDecodeKvReserve(CustomTestCase):
+    """KV length per request beyond kv_committed_len reserved for one decode step."""
+
+    def reserve(self, plain, prev_plain):
+        return decode_kv_reserve(
+            SimpleNamespace(spec_plain_step=plain, spec_prev_plain_step=prev_plain)
+        )
+
+    def publish(self, **spec_args):
+        override = get_context().override_server_args(
+            speculative_algorithm="EAGLE", **spec_args
+        )
+        override.install()
+        self.addCleanup(override.restore)
+
+    def check(self, alloc_len):
+        self.assertEqual(get_alloc_len_per_decode(), alloc_len)
+        # A speculative step: upstream's reserve (twice a step's allocation).
+        self.assertEqual(self.reserve(False, False), get_alloc_reserve_per_decode())
+        self.assertEqual(self.reserve(False, True), 2 * alloc_len)
+        # A plain step after a plain step: its token and the previous one's.
+        self.assertEqual(self.reserve(True, True), 2)
+        # A plain step after a speculative step: its token and up to a whole
+        # speculative step's, not committed yet under overlap.
+        self.assertEqual(self.reserve(True, False), alloc_len + 1)
+
+    def test_chain(self):
+        self.publish(
+            speculative_num_steps=3,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=4,
+            page_size=1,
+        )
+        self.check(alloc_len=4)
+
+    def test_tree(self):
+        self.publish(
+            speculative_num_steps=3,
+            speculative_eagle_topk=4,
+            speculative_num_draft_tokens=8,
+            page_size=1,
+        )
+        self.check(alloc_len=12)  # steps * topk
+
+    def test_tree_at_page_size_16(self):
+        self.publish(
+            speculative_num_steps=3,
+            speculative_eagle_topk=4,
+            speculative_num_draft_tokens=8,
+            page_size=16,
+        )
+        self.check(alloc_len=128)  # two pages per branch
+
+    def test_plain_steps_reserve_less(self):
+        self.publish(
+            speculative_num_steps=5,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=6,
+            page_size=1,
+        )
+        self.assertLess(self.reserve(True, False), self.reserve(False, False))
+        self.assertLess(self.reserve(True, True), self.reserve(True, False))
 
 
 if __name__ == "__main__":

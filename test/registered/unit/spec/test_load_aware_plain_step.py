@@ -1,0 +1,552 @@
+"""The plain decode step of a load-aware EAGLEWorkerV2 (speculative/load_aware.py),
+on CPU.
+
+LoadAwarePlainStep.forward runs on a real ScheduleBatch (real pools, a real
+prefill and eagle_prepare_for_decode's allocation) with stand-in target and
+draft models: the target worker builds the real ForwardBatch it would run and
+records it; the draft runner records the real ForwardBatch that upstream's
+prepare_for_draft_extend builds, or the KV-only write. Checked: the slot the
+step writes, what the target sees (a DECODE forward on the plain DECODE
+backend, restored afterwards), the publish order, the spec-shaped result, the
+draft KV catch-up in both modes and the resume before a speculative step.
+
+The pools' bookkeeping is made of triton kernels, which run on CPU tensors in
+triton's interpreter: TestInTritonInterpreter runs this module in a second
+process that has it.
+"""
+
+import contextlib
+import unittest
+from types import SimpleNamespace
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.environ import envs
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.load_aware import (
+    LoadAwarePlainStep,
+    fresh_attention_backend,
+)
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_policy import SpecPolicy
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.cpu_schedule_batch import (
+    cpu_kv_pools,
+    prefilled_batch,
+    publish_server_args,
+    single_rank,
+)
+from sglang.test.spec_engine_utils import tiny_llama_config_dir
+from sglang.test.test_utils import CustomTestCase
+from sglang.test.triton_interpreter import (
+    IN_TRITON_INTERPRETER,
+    run_in_triton_interpreter,
+)
+
+register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+
+NEEDS_INTERPRETER = "runs in triton's interpreter (TestInTritonInterpreter)"
+
+PROMPT_LENS = [3, 5, 2, 4]
+BS = len(PROMPT_LENS)
+TOPK = 2
+TARGET_HIDDEN = 12  # EAGLE-3: the target's aux hidden states, concatenated
+DRAFT_HIDDEN = 4
+VOCAB = 32
+FIRST_TARGET_TOKEN = 40  # the target samples 40 + i for request i
+FIRST_DRAFT_TOKEN = 3  # the draft's top-1 for request i is 3 + i
+KV_ONLY_OFFSET = 0.5
+
+
+class FakeModelRunner:
+    """What ForwardBatch.init_new and the plain step read of a model runner."""
+
+    def __init__(self, model_config, is_draft_worker: bool):
+        self.model_config = model_config
+        self.is_draft_worker = is_draft_worker
+        self.device = "cpu"
+        self.spec_algorithm = SpeculativeAlgorithm.EAGLE
+        self.server_args = SimpleNamespace(
+            attention_backend="torch_native", enable_lora=False
+        )
+        self.ngram_embedding_manager = SimpleNamespace(enabled=False)
+        self.init_new_workspace = False
+        self.forward_batches = []
+
+    def record(self, forward_batch: ForwardBatch, **extra):
+        self.forward_batches.append(
+            dict(
+                forward_mode=forward_batch.forward_mode,
+                input_ids=forward_batch.input_ids.tolist(),
+                positions=forward_batch.positions.tolist(),
+                seq_lens=forward_batch.seq_lens.tolist(),
+                seq_lens_cpu=forward_batch.seq_lens_cpu.tolist(),
+                seq_lens_sum=forward_batch.seq_lens_sum,
+                out_cache_loc=forward_batch.out_cache_loc.tolist(),
+                spec_info=forward_batch.spec_info,
+                capture_hidden_mode=forward_batch.capture_hidden_mode,
+                **extra,
+            )
+        )
+
+
+class TargetModelRunner(FakeModelRunner):
+    def __init__(self, model_config):
+        super().__init__(model_config, is_draft_worker=False)
+        # What the worker installs for its verify steps (an adaptive state swaps them).
+        self.attn_backend = "verify-backend"
+        self.decode_cuda_graph_runner = None  # --disable-cuda-graph
+        self.num_backends = 0
+
+    def _get_attention_backend(self, init_new_workspace: bool = False):
+        self.init_new_workspace = init_new_workspace  # as backends' init may
+        self.num_backends += 1
+        return f"decode-backend-{self.num_backends}"
+
+
+class RecordingTargetWorker:
+    """Request i: hidden state i + 1 (every dim), next token FIRST_TARGET_TOKEN + i,
+    logprob -(i + 1) / 10. Records the ForwardBatch of each forward and what the
+    model runner has installed during it."""
+
+    def __init__(self, model_config, events):
+        self.model_runner = TargetModelRunner(model_config)
+        self.events = events
+        self.fail = False
+
+    def forward_batch_generation(self, batch, capture_hidden_mode=None):
+        runner = self.model_runner
+        forward_batch = ForwardBatch.init_new(
+            batch,
+            runner,
+            capture_hidden_mode=capture_hidden_mode,
+            return_hidden_states_before_norm=False,
+        )
+        runner.record(
+            forward_batch,
+            attn_backend=runner.attn_backend,
+            graph_runner=runner.decode_cuda_graph_runner,
+        )
+        self.events.append("target")
+        if self.fail:
+            raise RuntimeError("target forward failed")
+        bs = len(batch.seq_lens)
+        rows = torch.arange(bs, dtype=torch.float32)[:, None]
+        return GenerationBatchResult(
+            logits_output=LogitsProcessorOutput(
+                next_token_logits=torch.zeros(bs, VOCAB),
+                hidden_states=(rows + 1).repeat(1, TARGET_HIDDEN),
+                next_token_logprobs=-(rows[:, 0] + 1) / 10,
+            ),
+            next_token_ids=torch.arange(bs) + FIRST_TARGET_TOKEN,
+        )
+
+
+class KVOnlyDraftModel:
+    """A one-layer EAGLE-3 head that writes its KV alone; returns the target
+    hidden state's first DRAFT_HIDDEN dims + KV_ONLY_OFFSET as its projection."""
+
+    def __init__(self, events):
+        self.calls = []
+        self.events = events
+
+    def can_write_kv_cache_only(self) -> bool:
+        return True
+
+    def write_kv_cache_only(
+        self, input_ids, positions, hidden_states, out_cache_loc, token_to_kv_pool
+    ):
+        self.calls.append(
+            dict(
+                input_ids=input_ids.tolist(),
+                positions=positions.tolist(),
+                positions_dtype=positions.dtype,
+                hidden_states=hidden_states.clone(),
+                out_cache_loc=out_cache_loc.tolist(),
+                token_to_kv_pool=token_to_kv_pool,
+            )
+        )
+        self.events.append("draft-kv")
+        return hidden_states[:, :DRAFT_HIDDEN] + KV_ONLY_OFFSET
+
+
+class DraftModelRunner(FakeModelRunner):
+    """Runs the draft extend eagerly: request i's top-1 is FIRST_DRAFT_TOKEN + i,
+    its hidden state 7 (every dim)."""
+
+    def __init__(self, model_config, req_to_token_pool, model, events):
+        super().__init__(model_config, is_draft_worker=True)
+        self.model = model
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool = "draft-kv-pool"
+        self.tp_group = None
+        self.events = events
+        self.planned = []
+        self.attn_backend = SimpleNamespace(
+            init_forward_metadata=lambda fb: self.planned.append(fb.forward_mode)
+        )
+
+    def forward(self, forward_batch):
+        self.record(forward_batch)
+        self.events.append("draft")
+        bs = forward_batch.batch_size
+        logits = torch.zeros(bs, VOCAB)
+        logits[torch.arange(bs), torch.arange(bs) + FIRST_DRAFT_TOKEN] = 10.0
+        logits[torch.arange(bs), torch.arange(bs) + FIRST_DRAFT_TOKEN + 1] = 5.0
+        return SimpleNamespace(
+            logits_output=LogitsProcessorOutput(
+                next_token_logits=logits,
+                hidden_states=torch.full((bs, DRAFT_HIDDEN), 7.0),
+            )
+        )
+
+
+class RecordingAdaptiveController:
+    def __init__(self):
+        self.feeds = []
+
+    def on_verify_complete(self, num_correct_drafts_per_req, batch_size):
+        self.feeds.append((list(num_correct_drafts_per_req), batch_size))
+
+
+@unittest.skipUnless(IN_TRITON_INTERPRETER, NEEDS_INTERPRETER)
+class PlainStepTestBase(CustomTestCase):
+    kv_only = False
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmpdir = tiny_llama_config_dir()
+        cls.model_config = ModelConfig(cls.tmpdir.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmpdir.cleanup()
+
+    def setUp(self):
+        publish_server_args(
+            self,
+            device="cpu",
+            speculative_algorithm="EAGLE",
+            speculative_num_steps=3,
+            speculative_eagle_topk=TOPK,
+            speculative_num_draft_tokens=6,
+            speculative_disable_batch_threshold=2,
+            page_size=1,
+        )
+        single_rank(self)
+        self.pools = cpu_kv_pools(max_context_len=64, num_kv_tokens=512)
+        self.events = []
+        self.target = RecordingTargetWorker(self.model_config, self.events)
+        self.draft_model = (
+            KVOnlyDraftModel(self.events) if self.kv_only else SimpleNamespace()
+        )
+        self.draft_runner = DraftModelRunner(
+            self.model_config,
+            self.pools.req_to_token_pool,
+            self.draft_model,
+            self.events,
+        )
+        self.worker = SimpleNamespace(
+            target_worker=self.target,
+            draft_worker=SimpleNamespace(
+                draft_runner=self.draft_runner,
+                topk=TOPK,
+                draft_tp_context=lambda group: contextlib.nullcontext(),
+            ),
+            speculative_algorithm=SpeculativeAlgorithm.EAGLE,
+            req_to_token_pool=self.pools.req_to_token_pool,
+            device="cpu",
+            adaptive_controller=None,
+            speculative_num_steps=3,
+        )
+
+    def plain_step(self) -> LoadAwarePlainStep:
+        plain = LoadAwarePlainStep(self.worker)
+        # What the worker's verify steps run under when the plain step starts.
+        self.target.model_runner.decode_cuda_graph_runner = "verify-graphs"
+        return plain
+
+    def decode_batch(self):
+        """The running batch of the first decode step after prefill, planned
+        plain and prepared (KV allocated) by the scheduler."""
+        batch = prefilled_batch(
+            self.pools,
+            self.model_config,
+            SpeculativeAlgorithm.EAGLE,
+            PROMPT_LENS,
+            max_new_tokens=64,
+            enable_overlap=False,
+        )
+        bonus = torch.tensor([req.output_ids[-1] for req in batch.reqs])
+        batch.spec_info = EagleDraftInput(
+            topk_p=torch.full((BS, TOPK), 0.5),
+            topk_index=torch.ones((BS, TOPK), dtype=torch.int64),
+            hidden_states=torch.zeros((BS, DRAFT_HIDDEN)),
+            bonus_tokens=bonus,
+        )
+        batch.filter_batch()
+        SpecPolicy(2).plan_decode_step(batch)
+        self.assertTrue(batch.spec_plain_step)
+        batch.prepare_for_decode()
+        return batch
+
+    def run_forward(self, plain, batch, **kwargs):
+        published = []
+
+        def on_publish(new_seq_lens):
+            published.append(new_seq_lens.tolist())
+            self.events.append("publish")
+
+        result = plain.forward(batch, on_publish=on_publish, **kwargs)
+        return result, published
+
+    def check_plain_step(self, plain, result, published, seq_lens, slots):
+        """What every plain step does, whatever the draft catch-up."""
+        new_seq_lens = [n + 1 for n in seq_lens]
+        target_call = self.target.model_runner.forward_batches[-1]
+        self.assertTrue(target_call["forward_mode"].is_decode())
+        self.assertEqual(target_call["input_ids"], [100, 101, 102, 103])
+        self.assertEqual(target_call["positions"], seq_lens)
+        self.assertEqual(target_call["seq_lens"], new_seq_lens)
+        self.assertEqual(target_call["seq_lens_cpu"], new_seq_lens)
+        self.assertEqual(target_call["seq_lens_sum"], sum(new_seq_lens))
+        self.assertEqual(target_call["out_cache_loc"], slots)
+        self.assertIsNone(target_call["spec_info"])
+        self.assertEqual(target_call["capture_hidden_mode"], CaptureHiddenMode.FULL)
+        # On the plain DECODE backend, eager (no DECODE graphs captured), then
+        # back to what was installed.
+        self.assertEqual(target_call["attn_backend"], "decode-backend-1")
+        self.assertEqual(plain.target_decode_graphs.attn_backend, "decode-backend-1")
+        self.assertIsNone(target_call["graph_runner"])
+        self.assertEqual(self.target.model_runner.attn_backend, "verify-backend")
+        self.assertEqual(
+            self.target.model_runner.decode_cuda_graph_runner, "verify-graphs"
+        )
+        # Published once, after the target and before the draft catch-up.
+        self.assertEqual(published, [new_seq_lens])
+        self.assertEqual(self.events[:2], ["target", "publish"])
+        self.assertEqual(len(self.events), 3)
+
+        # A verify that accepted no draft.
+        self.assertTrue(result.spec_plain_step)
+        self.assertEqual(result.accept_lens.tolist(), [1] * BS)
+        self.assertEqual(result.accept_lens.dtype, torch.int32)
+        self.assertEqual(result.speculative_num_draft_tokens, 1)
+        self.assertEqual(result.new_seq_lens.tolist(), new_seq_lens)
+        self.assertEqual(result.next_token_ids.tolist(), [40, 41, 42, 43])
+        self.assertEqual(
+            result.logits_output.next_token_logprobs.shape, torch.Size([BS, 1])
+        )
+        self.assertTrue(
+            torch.allclose(
+                result.logits_output.next_token_logprobs[:, 0],
+                torch.tensor([-0.1, -0.2, -0.3, -0.4]),
+            )
+        )
+        nxt = result.next_draft_input
+        self.assertIsInstance(nxt, EagleDraftInput)
+        self.assertIs(nxt.bonus_tokens, result.next_token_ids)
+        self.assertEqual(tuple(nxt.topk_p.shape), (BS, TOPK))
+        self.assertEqual(tuple(nxt.topk_index.shape), (BS, TOPK))
+        self.assertEqual(tuple(nxt.hidden_states.shape), (BS, DRAFT_HIDDEN))
+        self.assertEqual(
+            (nxt.num_tokens_per_req, nxt.num_tokens_for_logprob_per_req), (1, 1)
+        )
+
+    def step(self, plain=None, **kwargs):
+        plain = plain or self.plain_step()
+        batch = self.decode_batch()
+        seq_lens = batch.seq_lens.tolist()
+        slots = self.pools.req_to_token_pool.req_to_token[
+            batch.req_pool_indices, batch.seq_lens.long()
+        ].tolist()
+        # Each request writes at position seq_len, a slot the scheduler allocated.
+        for req, n in zip(batch.reqs, seq_lens):
+            self.assertLess(n, req.kv.kv_allocated_len)
+        self.assertTrue(all(slot > 0 for slot in slots))
+        result, published = self.run_forward(plain, batch, **kwargs)
+        self.assertEqual(batch.out_cache_loc.tolist(), slots)
+        self.check_plain_step(plain, result, published, seq_lens, slots)
+        return plain, batch, result, seq_lens, slots
+
+
+class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
+    """Drafts that cannot write their KV alone run the one-token draft extend."""
+
+    def test_forward(self):
+        plain, batch, result, seq_lens, slots = self.step()
+        self.assertFalse(plain.draft_catch_up.kv_only)
+        self.assertEqual(self.events, ["target", "publish", "draft"])
+        (draft_call,) = self.draft_runner.forward_batches
+        self.assertEqual(draft_call["forward_mode"], ForwardMode.DRAFT_EXTEND_V2)
+        self.assertEqual(draft_call["input_ids"], [40, 41, 42, 43])
+        self.assertEqual(draft_call["positions"], seq_lens)
+        self.assertEqual(draft_call["seq_lens"], [n + 1 for n in seq_lens])
+        self.assertEqual(draft_call["out_cache_loc"], slots)
+        # The target hidden state of the new token, FULL capture.
+        self.assertEqual(
+            draft_call["spec_info"].hidden_states[:, 0].tolist(), [1, 2, 3, 4]
+        )
+        self.assertEqual(self.draft_runner.planned, [ForwardMode.DRAFT_EXTEND_V2])
+        nxt = result.next_draft_input
+        self.assertEqual(nxt.topk_index[:, 0].tolist(), [3, 4, 5, 6])
+        self.assertEqual(nxt.topk_index[:, 1].tolist(), [4, 5, 6, 7])
+        self.assertTrue(bool((nxt.topk_p > 0).all()))
+        self.assertEqual(nxt.hidden_states.tolist(), [[7.0] * DRAFT_HIDDEN] * BS)
+        # Nothing pending: a speculative step needs no resume.
+        self.assertFalse(plain.draft_catch_up.resume_pending)
+        batch.spec_info = nxt
+        plain.resume_speculation(batch)
+        self.assertEqual(len(self.draft_runner.forward_batches), 1)
+
+    def test_grammar_barrier_runs_before_the_target(self):
+        plain = self.plain_step()
+        batch = self.decode_batch()
+        batch.has_grammar = True
+        barriers = []
+        self.run_forward(
+            plain, batch, grammar_barrier=lambda: barriers.append(list(self.events))
+        )
+        self.assertEqual(barriers, [[]])
+        batch = self.decode_batch()
+        self.run_forward(plain, batch, grammar_barrier=lambda: barriers.append(None))
+        self.assertEqual(len(barriers), 1)  # no grammar in the batch
+
+    def test_target_failure_restores_the_verify_backend(self):
+        plain = self.plain_step()
+        self.target.fail = True
+        with self.assertRaises(RuntimeError):
+            plain.forward(self.decode_batch())
+        self.assertEqual(self.target.model_runner.attn_backend, "verify-backend")
+        self.assertEqual(
+            self.target.model_runner.decode_cuda_graph_runner, "verify-graphs"
+        )
+
+    def test_decode_graphs_replace_the_verify_graphs(self):
+        plain = self.plain_step()
+        plain.target_decode_graphs.graph_runner = "decode-graphs"  # captured
+        self.run_forward(plain, self.decode_batch())
+        call = self.target.model_runner.forward_batches[-1]
+        self.assertEqual(call["graph_runner"], "decode-graphs")
+        self.assertEqual(
+            self.target.model_runner.decode_cuda_graph_runner, "verify-graphs"
+        )
+
+    def test_zero_step_adaptive_tier_feeds_its_controller(self):
+        controller = RecordingAdaptiveController()
+        self.worker.adaptive_controller = controller
+        self.worker.speculative_num_steps = 0
+        self.step()
+        self.assertEqual(controller.feeds, [([0] * BS, BS)])
+
+    def test_threshold_plain_step_does_not_feed_the_controller(self):
+        controller = RecordingAdaptiveController()
+        self.worker.adaptive_controller = controller
+        self.worker.speculative_num_steps = 3
+        self.step()
+        self.assertEqual(controller.feeds, [])
+
+    def test_fresh_attention_backend_keeps_the_workspace_flag(self):
+        runner = self.target.model_runner
+        self.assertEqual(fresh_attention_backend(runner), "decode-backend-1")
+        self.assertFalse(runner.init_new_workspace)
+
+    def test_unsupported_algorithm_refused(self):
+        self.worker.speculative_algorithm = SpeculativeAlgorithm.STANDALONE
+        with self.assertRaises(ValueError) as ctx:
+            LoadAwarePlainStep(self.worker)
+        self.assertIn("STANDALONE", str(ctx.exception))
+
+
+class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
+    """A one-layer EAGLE-3 head writes its KV alone on plain steps, and runs the
+    full draft forward once, before the next speculative step."""
+
+    kv_only = True
+
+    def test_forward_writes_the_draft_kv_only(self):
+        plain, batch, result, seq_lens, slots = self.step()
+        self.assertTrue(plain.draft_catch_up.kv_only)
+        self.assertEqual(self.events, ["target", "publish", "draft-kv"])
+        self.assertEqual(self.draft_runner.forward_batches, [])
+        (call,) = self.draft_model.calls
+        self.assertEqual(call["input_ids"], [40, 41, 42, 43])
+        self.assertEqual(call["positions"], seq_lens)
+        self.assertEqual(call["positions_dtype"], torch.int64)
+        self.assertEqual(call["hidden_states"][:, 0].tolist(), [1, 2, 3, 4])
+        self.assertEqual(call["out_cache_loc"], slots)
+        self.assertEqual(call["token_to_kv_pool"], "draft-kv-pool")
+        # The next draft input is pending: no top-k yet, the projected hidden.
+        nxt = result.next_draft_input
+        self.assertTrue(bool((nxt.topk_p == -1).all()))
+        self.assertEqual(nxt.hidden_states[:, 0].tolist(), [1.5, 2.5, 3.5, 4.5])
+        self.assertTrue(plain.draft_catch_up.resume_pending)
+
+    def test_resume_fills_only_the_pending_rows(self):
+        plain, batch, result, seq_lens, slots = self.step()
+        # What the scheduler leaves for the next step (the sync path).
+        batch.spec_info = result.next_draft_input
+        batch.seq_lens = result.new_seq_lens
+        batch.seq_lens_cpu = result.new_seq_lens.cpu()
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        batch.forward_mode = ForwardMode.DECODE
+        batch.out_cache_loc = None
+        new_seq_lens = batch.seq_lens.tolist()
+        # Request 2 was prefilled since: its draft input is complete.
+        nxt = batch.spec_info
+        nxt.topk_p[2] = 0.25
+        nxt.topk_index[2] = 9
+        nxt.hidden_states[2] = 5.0
+
+        plain.resume_speculation(batch)
+
+        # One full draft forward at each request's last position: the pending
+        # rows write their KV slot again, request 2 the padding slot 0.
+        (call,) = self.draft_runner.forward_batches
+        self.assertEqual(call["forward_mode"], ForwardMode.DRAFT_EXTEND_V2)
+        self.assertEqual(call["input_ids"], [40, 41, 42, 43])
+        self.assertEqual(call["positions"], seq_lens)
+        self.assertEqual(call["out_cache_loc"], slots[:2] + [0] + slots[3:])
+        self.assertEqual(
+            call["spec_info"].hidden_states[:, 0].tolist(), [1.5, 2.5, 5.0, 4.5]
+        )
+        done = batch.spec_info
+        self.assertEqual(done.topk_index[:, 0].tolist(), [3, 4, 9, 6])
+        self.assertEqual(done.topk_p[2].tolist(), [0.25] * TOPK)
+        self.assertTrue(bool((done.topk_p[[0, 1, 3]] > 0).all()))
+        self.assertTrue(bool((done.topk_p[[0, 1, 3], 0] > 0.9).all()))
+        self.assertEqual(done.hidden_states[:, 0].tolist(), [7.0, 7.0, 5.0, 7.0])
+        # The speculative step's own batch is untouched.
+        self.assertEqual(batch.seq_lens.tolist(), new_seq_lens)
+        self.assertTrue(batch.forward_mode.is_decode())
+        self.assertIsNone(batch.out_cache_loc)
+        self.assertFalse(plain.draft_catch_up.resume_pending)
+        plain.resume_speculation(batch)  # nothing pending any more
+        self.assertEqual(len(self.draft_runner.forward_batches), 1)
+
+    def test_full_draft_catch_up_on_request(self):
+        with envs.SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP.override(True):
+            plain = self.plain_step()
+        self.assertFalse(plain.draft_catch_up.kv_only)
+        self.step(plain)
+        self.assertEqual(self.draft_model.calls, [])
+        self.assertEqual(len(self.draft_runner.forward_batches), 1)
+        self.assertFalse(plain.draft_catch_up.resume_pending)
+
+
+@unittest.skipIf(IN_TRITON_INTERPRETER, "this process already is the second one")
+class TestInTritonInterpreter(CustomTestCase):
+    def test_module_passes_in_the_interpreter(self):
+        run_in_triton_interpreter(self, __file__)
+
+
+if __name__ == "__main__":
+    unittest.main()
