@@ -263,6 +263,7 @@ class DraftCatchUp:
         pending = draft_input.topk_p[:, 0] < 0  # [bs]
         catch_up_batch = copy.copy(batch)
         catch_up_batch.seq_lens = batch.seq_lens - 1
+        catch_up_batch.seq_lens_sum = None
         if batch.seq_lens_cpu is not None:
             catch_up_batch.seq_lens_cpu = batch.seq_lens_cpu - 1
             catch_up_batch.seq_lens_sum = int(catch_up_batch.seq_lens_cpu.sum())

@@ -28,7 +28,7 @@ from sglang.test.spec_engine_utils import (
 from sglang.test.synthetic_spec_models import greedy_continuation, next_token_map
 from sglang.test.test_utils import CustomTestCase
 
-register_cuda_ci(est_time=400, suite="stage-b-test-1-gpu-large")
+register_cuda_ci(est_time=400, suite="base-b-test-1-gpu-large")
 pytestmark = pytest.mark.gpu
 
 NUM_PROMPTS = 8

@@ -25,7 +25,7 @@ from sglang.test.synthetic_spec_models import (
 )
 from sglang.test.test_utils import CustomTestCase
 
-register_cuda_ci(est_time=600, suite="stage-b-test-1-gpu-large")
+register_cuda_ci(est_time=600, suite="base-b-test-1-gpu-large")
 pytestmark = pytest.mark.gpu
 
 NUM_PROMPTS = 16

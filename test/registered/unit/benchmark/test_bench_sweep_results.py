@@ -22,7 +22,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.spec_engine_utils import synthetic_pair
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 
 BENCH = Path(__file__).resolve().parents[4] / "benchmark/dynamic_spec/bench_sweep.py"
 SUMMARY_POINT_KEYS = {

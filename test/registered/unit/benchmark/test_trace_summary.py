@@ -13,7 +13,7 @@ from pathlib import Path
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=5, suite="base-a-test-cpu")
 
 SCRIPT = Path(__file__).resolve().parents[4] / "benchmark/dynamic_spec/trace_summary.py"
 

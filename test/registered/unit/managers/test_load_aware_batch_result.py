@@ -32,7 +32,7 @@ from sglang.test.cpu_schedule_batch import publish_server_args
 from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 
 PROMPT_LENS = [3, 5, 2, 4]
 NUM_DRAFT_TOKENS = 4

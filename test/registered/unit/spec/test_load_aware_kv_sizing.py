@@ -38,7 +38,7 @@ from sglang.test.triton_interpreter import (
     run_in_triton_interpreter,
 )
 
-register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 
 NEEDS_INTERPRETER = "runs in triton's interpreter (TestInTritonInterpreter)"
 

@@ -33,6 +33,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.load_aware import (
     LoadAwarePlainStep,
+    build_plain_step,
     fresh_attention_backend,
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -51,7 +52,7 @@ from sglang.test.triton_interpreter import (
     run_in_triton_interpreter,
 )
 
-register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 
 NEEDS_INTERPRETER = "runs in triton's interpreter (TestInTritonInterpreter)"
 
@@ -459,11 +460,27 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
         self.assertEqual(fresh_attention_backend(runner), "decode-backend-1")
         self.assertFalse(runner.init_new_workspace)
 
-    def test_unsupported_algorithm_refused(self):
+    def publish(self, **spec_args):
+        publish_server_args(self, speculative_algorithm="EAGLE", **spec_args)
+
+    def test_unsupported_algorithm_refused_with_a_threshold(self):
+        self.publish(speculative_disable_batch_threshold=8)
         self.worker.speculative_algorithm = SpeculativeAlgorithm.STANDALONE
         with self.assertRaises(ValueError) as ctx:
-            LoadAwarePlainStep(self.worker)
+            build_plain_step(self.worker)
         self.assertIn("STANDALONE", str(ctx.exception))
+        self.assertIn("--speculative-disable-batch-threshold", str(ctx.exception))
+
+    def test_zero_step_tiers_keep_upstreams_verify_where_unsupported(self):
+        self.publish(speculative_disable_batch_threshold=None)
+        self.worker.adaptive_controller = SimpleNamespace(candidate_steps=[0, 1, 3])
+        self.worker.speculative_algorithm = SpeculativeAlgorithm.STANDALONE
+        self.assertIsNone(build_plain_step(self.worker))
+
+    def test_no_plain_step_without_a_threshold_or_zero_step_tier(self):
+        self.publish(speculative_disable_batch_threshold=None)
+        self.worker.adaptive_controller = SimpleNamespace(candidate_steps=[1, 3, 7])
+        self.assertIsNone(build_plain_step(self.worker))
 
 
 class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):

@@ -22,7 +22,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=20, suite="base-a-test-cpu")
 
 FLAG_N = "--speculative-disable-batch-threshold"
 FLAG_M = "--speculative-enable-batch-threshold"

@@ -34,7 +34,7 @@ from sglang.srt.speculative.spec_policy import (
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=5, suite="base-a-test-cpu")
 
 
 def reference_modes(sizes, n, m, dwell):
@@ -442,11 +442,14 @@ class FakeAdaptiveParams:
         return self.steps_by_bs[batch_size]
 
 
-def adaptive_worker(candidate_steps, params):
+def adaptive_worker(candidate_steps, params, plain_step=True):
+    """A worker with an adaptive controller; ``plain_step``: whether it runs the
+    plain step (build_plain_step gives None where the plain step cannot serve)."""
     return SimpleNamespace(
         adaptive_controller=SimpleNamespace(
             candidate_steps=candidate_steps, params=params
-        )
+        ),
+        plain_step=object() if plain_step else None,
     )
 
 
@@ -491,6 +494,10 @@ class TestSpecPolicyFromServerArgs(CustomTestCase):
         )
         self.assertIsNone(policy.zero_draft_steps)
         self.assertTrue(policy.decide(7).speculate)
+
+    def test_zero_step_tiers_of_a_worker_without_plain_step_add_nothing(self):
+        worker = adaptive_worker([0, 1], FakeAdaptiveParams({}), plain_step=False)
+        self.assertIsNone(SpecPolicy.from_server_args(load_aware_args(), worker))
 
     def test_zero_step_tier_alone_makes_a_policy(self):
         steps_by_bs = {1: 3, 8: 1, 64: 0}

@@ -15,7 +15,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 
 SEQ_LEN = 600
 NUM_STEPS = 3
