@@ -23,7 +23,7 @@ TEST_ENGINE_DEFAULTS: Dict[str, object] = dict(
     skip_tokenizer_init=True,
     grammar_backend="none",
     mem_fraction_static=0.5,
-    cuda_graph_max_bs=32,
+    cuda_graph_max_bs_decode=32,
     random_seed=0,
     log_level="warning",
 )
