@@ -165,6 +165,14 @@ def accept_length(outputs: Sequence[dict]) -> float:
     return (correct + verify) / verify
 
 
+def plain_step_tokens(meta: dict) -> int:
+    """Output tokens of a request that plain decode steps produced: the first comes
+    from prefill, each verify step gives one plus its accepted drafts. Clamped at 0:
+    a request that ends inside a verify step counts that step's drafts past its end."""
+    spec_tokens = meta.get("spec_verify_ct", 0) + meta.get("spec_num_correct_drafts", 0)
+    return max(0, meta["completion_tokens"] - 1 - spec_tokens)
+
+
 # The scheduler's KV leak checks: at idle (on by default) and after every busy step.
 LEAK_CHECK_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1"}
 

@@ -31,6 +31,7 @@ from sglang.test.spec_engine_utils import (
     eagle3_args,
     greedy_params,
     metric_total,
+    plain_step_tokens,
     post_concurrently,
     random_prompts,
     running_server,
@@ -69,12 +70,6 @@ def spec_server_args(
             disable_cuda_graph=not cuda_graph,
         )
     )
-
-
-def plain_step_tokens(meta: dict) -> int:
-    """Output tokens produced by plain decode steps (the first comes from prefill)."""
-    spec_tokens = meta.get("spec_verify_ct", 0) + meta.get("spec_num_correct_drafts", 0)
-    return meta["completion_tokens"] - 1 - spec_tokens
 
 
 def spec_accept_length(metas: List[dict]) -> float:
