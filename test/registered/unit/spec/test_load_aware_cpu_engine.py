@@ -1,0 +1,266 @@
+"""Load-aware speculation end to end on a CPU: an EAGLE-3 ``sglang.Engine`` on the
+synthetic pair (sglang.test.cpu_spec_engine), one engine per class.
+
+Each class runs mixed-length concurrent requests (all but the longest end during
+plain steps) and a lone request; the threshold classes also a long request that
+other requests push to plain steps and back every few steps. Every output is
+compared token for token with the synthetic target's greedy continuation. The
+draft is the KV-check variant: it proposes right only if the draft KV at the
+previous position is what the draft writes there, so a stale draft KV where the
+plain steps stopped would drop the first speculative round after each resume to
+accept length 1. The scheduler's busy KV leak check runs after every step and
+the idle one whenever it idles (a leak kills the engine, failing the test).
+"""
+
+import asyncio
+import json
+import tempfile
+import time
+import unittest
+from typing import Dict, List, Sequence, Tuple
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.cpu_spec_engine import cpu_spec_engine
+from sglang.test.spec_engine_utils import (
+    EAGLE3_CHAIN,
+    EAGLE3_TREE,
+    LEAK_CHECK_ENV,
+    accept_length,
+    eagle3_args,
+    greedy_params,
+    plain_step_tokens,
+    random_prompts,
+    synthetic_pair,
+)
+from sglang.test.synthetic_spec_models import (
+    expected_accept_length,
+    greedy_continuation,
+    next_token_map,
+)
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=150, suite="base-a-test-cpu")
+
+DRAFT_ACCEPT = 0.8
+PROMPT_LEN = 16
+MIXED_LENGTHS = [7 + 5 * i for i in range(8)]
+RESUMED_REQUEST_TOKENS = 128
+LONE_REQUEST_TOKENS = 128
+# Measured accept length vs expected_accept_length, per request of 128 tokens on
+# this pair: within about 12%. A stale draft KV gives 1 in the rounds after a
+# resume: with a resume before at least every other round, < (predicted + 1) / 2.
+ACCEPT_TOLERANCE = 0.2
+
+
+class CpuEngineTestBase(CustomTestCase):
+    """One engine per class (subclasses: its speculative and load-aware args)."""
+
+    spec = EAGLE3_CHAIN
+    engine_args: Dict[str, object] = {}
+    seed = 0
+
+    @classmethod
+    def setUpClass(cls):
+        cls.target, cls.draft = synthetic_pair(
+            "tiny", DRAFT_ACCEPT, draft_kv_check=True
+        )
+        cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
+        cls._engine = cpu_spec_engine(
+            env=LEAK_CHECK_ENV,
+            model_path=cls.target,
+            **eagle3_args(cls.draft, **cls.spec),
+            **cls.engine_args,
+        )
+        cls.engine = cls._engine.__enter__()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._engine.__exit__(None, None, None)
+
+    def prompts(self, num: int, seed: int) -> List[List[int]]:
+        return random_prompts(
+            num, PROMPT_LEN, len(self.token_map), seed=self.seed * 1000 + seed
+        )
+
+    def assert_outputs_intended(
+        self,
+        prompts: Sequence[List[int]],
+        outputs: Sequence[dict],
+        lengths: Sequence[int],
+    ) -> None:
+        for i, (prompt, out, n) in enumerate(zip(prompts, outputs, lengths)):
+            intended = greedy_continuation(self.token_map, prompt, n)
+            self.assertEqual(out["output_ids"], intended, f"request {i}")
+            self.assertEqual(out["meta_info"]["finish_reason"]["type"], "length")
+
+    def load_aware_state(self) -> dict:
+        return self.engine.get_server_info()["internal_states"][0][
+            "load_aware_speculation"
+        ]
+
+    def assert_accept_length_predicted(self, outputs: Sequence[dict]) -> None:
+        measured = accept_length(outputs)
+        predicted = expected_accept_length(
+            DRAFT_ACCEPT, self.spec["num_steps"], self.spec["topk"]
+        )
+        print(f"[cpu-engine] accept length {measured:.3f}, predicted {predicted:.3f}")
+        self.assertAlmostEqual(measured, predicted, delta=ACCEPT_TOLERANCE * predicted)
+
+    def assert_all_but_the_longest_plain(self, outputs: Sequence[dict]) -> None:
+        """The requests of a mixed batch that end while 2 or more run: only plain
+        decode steps (no verify step); the longest: some."""
+        metas = [o["meta_info"] for o in outputs]
+        for i, meta in enumerate(metas[:-1]):
+            self.assertEqual(meta.get("spec_verify_ct", 0), 0, f"request {i}")
+            self.assertEqual(plain_step_tokens(meta), meta["completion_tokens"] - 1)
+        self.assertGreater(plain_step_tokens(metas[-1]), 0)
+
+    def assert_engine_alive(self) -> None:
+        """The idle KV leak check ran (the engine was idle); a leak killed it."""
+        time.sleep(1)
+        prompt = self.prompts(1, seed=999)[0]
+        out = self.engine.generate(input_ids=prompt, sampling_params=greedy_params(2))
+        self.assert_outputs_intended([prompt], [out], [2])
+
+    def run_mixed_batch(self, seed: int) -> List[dict]:
+        """Concurrent requests of different lengths (ascending), sent as one batch."""
+        prompts = self.prompts(len(MIXED_LENGTHS), seed)
+        outputs = self.engine.generate(
+            input_ids=prompts,
+            sampling_params=[greedy_params(n) for n in MIXED_LENGTHS],
+        )
+        self.assert_outputs_intended(prompts, outputs, MIXED_LENGTHS)
+        return outputs
+
+    def run_lone_request(self, seed: int) -> dict:
+        prompt = self.prompts(1, seed)[0]
+        out = self.engine.generate(
+            input_ids=prompt, sampling_params=greedy_params(LONE_REQUEST_TOKENS)
+        )
+        self.assert_outputs_intended([prompt], [out], [LONE_REQUEST_TOKENS])
+        return out
+
+
+class ThresholdTests:
+    """--speculative-disable-batch-threshold 2 (enable at 1, no dwell): every
+    decode step of a batch of 2 or more is plain."""
+
+    engine_args = dict(
+        speculative_disable_batch_threshold=2,
+        speculative_enable_batch_threshold=1,
+        speculative_load_aware_min_dwell_steps=0,
+    )
+
+    def test_mixed_lengths_end_in_plain_steps_then_a_lone_request_speculates(self):
+        outputs = self.run_mixed_batch(seed=1)
+        self.assert_all_but_the_longest_plain(outputs)
+        state = self.load_aware_state()
+        print(f"[cpu-engine] {state}")
+        self.assertGreater(state["steps_by_reason"]["plain/high_load"], 0)
+        out = self.run_lone_request(seed=4)
+        self.assertEqual(plain_step_tokens(out["meta_info"]), 0)
+        self.assert_accept_length_predicted([out])
+        self.assert_engine_alive()
+
+    def test_frequent_resumes_keep_the_draft_kv_current(self):
+        state_before = self.load_aware_state()
+        prompt = self.prompts(1, seed=2)[0]
+        out, shorts = self.engine.loop.run_until_complete(
+            self.long_request_with_interruptions(prompt, RESUMED_REQUEST_TOKENS, seed=3)
+        )
+        self.assert_outputs_intended([prompt], [out], [RESUMED_REQUEST_TOKENS])
+        self.assert_outputs_intended(*zip(*shorts), [2] * len(shorts))
+        resumes = (
+            self.load_aware_state()["num_toggles"] - state_before["num_toggles"]
+        ) // 2
+        verify_steps = out["meta_info"]["spec_verify_ct"]
+        print(f"[cpu-engine] {resumes} resumes, {verify_steps} verify steps")
+        # With a stale draft KV, this many rounds after a resume would pull the
+        # accept length below the tolerance.
+        self.assertGreaterEqual(resumes, verify_steps // 2)
+        self.assertGreater(plain_step_tokens(out["meta_info"]), 0)
+        self.assert_accept_length_predicted([out])
+        self.assert_engine_alive()
+
+    async def long_request_with_interruptions(
+        self, prompt: List[int], num_tokens: int, seed: int
+    ) -> Tuple[dict, List[Tuple[List[int], dict]]]:
+        """One request, and 2-token requests one after another until it ends:
+        each takes it to plain steps (batch 2) and back."""
+        long_request = asyncio.ensure_future(
+            self.engine.async_generate(
+                input_ids=prompt, sampling_params=greedy_params(num_tokens)
+            )
+        )
+        shorts = []
+        for short in self.prompts(num_tokens, seed):
+            if long_request.done():
+                break
+            out = await self.engine.async_generate(
+                input_ids=short, sampling_params=greedy_params(2)
+            )
+            shorts.append((short, out))
+            await asyncio.sleep(0.02)
+        return await long_request, shorts
+
+
+class TestChainThresholdOverlap(ThresholdTests, CpuEngineTestBase):
+    """Chain (3 steps, topk 1), overlap scheduler."""
+
+    spec = EAGLE3_CHAIN
+    seed = 1
+
+
+class TestTreeThresholdNoOverlap(ThresholdTests, CpuEngineTestBase):
+    """Draft tree (2 steps, topk 4, 16 draft tokens), the synchronous path."""
+
+    spec = EAGLE3_TREE
+    engine_args = dict(ThresholdTests.engine_args, disable_overlap_schedule=True)
+    seed = 2
+
+
+class TestAdaptiveZeroStepTier(CpuEngineTestBase):
+    """--speculative-adaptive alone, 0 draft steps from a running batch of 2: those
+    decode steps are the plain step."""
+
+    spec = EAGLE3_CHAIN
+    seed = 3
+
+    @classmethod
+    def setUpClass(cls):
+        cls.adaptive_config = tempfile.NamedTemporaryFile("w", suffix=".json")
+        json.dump(
+            {"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [0]}},
+            cls.adaptive_config,
+        )
+        cls.adaptive_config.flush()
+        cls.engine_args = dict(
+            speculative_adaptive=True,
+            speculative_adaptive_config=cls.adaptive_config.name,
+        )
+        try:
+            super().setUpClass()
+        except BaseException:
+            cls.adaptive_config.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        cls.adaptive_config.close()
+
+    def test_zero_step_tier_runs_plain_steps_then_speculates(self):
+        outputs = self.run_mixed_batch(seed=1)
+        self.assert_all_but_the_longest_plain(outputs)
+        state = self.load_aware_state()
+        print(f"[cpu-engine] {state}")
+        self.assertTrue(state["adaptive_zero_draft_steps"])
+        self.assertGreater(state["steps_by_reason"].get("plain/zero_draft_steps", 0), 0)
+        out = self.run_lone_request(seed=2)
+        self.assertEqual(plain_step_tokens(out["meta_info"]), 0)
+        self.assert_accept_length_predicted([out])
+        self.assert_engine_alive()
+
+
+if __name__ == "__main__":
+    unittest.main()
