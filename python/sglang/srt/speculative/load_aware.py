@@ -252,9 +252,9 @@ class DraftCatchUp:
         """Complete the draft input of a speculative step after KV-only plain steps.
 
         The rows a plain step left pending get the draft's top-k and hidden state
-        from the full one-token forward at their last position (its KV write
-        repeats the plain step's); the other rows (prefilled since) keep theirs
-        and write to the padding slot 0.
+        from the full one-token forward at their last position; the other rows
+        (prefilled since) keep theirs. The forward writes its KV to the padding
+        slot 0: the KV of that position stays the one the plain step wrote.
         """
         if not self.resume_pending:
             return
@@ -267,10 +267,9 @@ class DraftCatchUp:
         if batch.seq_lens_cpu is not None:
             catch_up_batch.seq_lens_cpu = batch.seq_lens_cpu - 1
             catch_up_batch.seq_lens_sum = int(catch_up_batch.seq_lens_cpu.sum())
-        slots = self.draft_runner.req_to_token_pool.req_to_token[
-            batch.req_pool_indices, catch_up_batch.seq_lens.to(torch.int64)
-        ]
-        catch_up_batch.out_cache_loc = torch.where(pending, slots, 0).to(torch.int64)
+        catch_up_batch.out_cache_loc = torch.zeros_like(
+            batch.req_pool_indices, dtype=torch.int64
+        )
         topk_p, topk_index, hidden_states = self._forward(
             catch_up_batch, draft_input.hidden_states, draft_input.bonus_tokens
         )
