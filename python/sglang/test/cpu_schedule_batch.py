@@ -30,6 +30,8 @@ from sglang.srt.runtime_context import get_context, get_parallel
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.test.spec_engine_utils import tiny_llama_config_dir
+from sglang.test.test_utils import CustomTestCase
 
 
 def publish_server_args(test_case: TestCase, **fields) -> ServerArgs:
@@ -39,6 +41,33 @@ def publish_server_args(test_case: TestCase, **fields) -> ServerArgs:
     server_args = override.install()
     test_case.addCleanup(override.restore)
     return server_args
+
+
+class TinyEagleTestCase(CustomTestCase):
+    """Tests of an EAGLE server's CPU-side objects: the tiny llama config of the
+    class (``model_config``), and server args published per test."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmpdir = tiny_llama_config_dir()
+        cls.model_config = ModelConfig(cls.tmpdir.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmpdir.cleanup()
+
+    def publish_eagle_args(
+        self, num_steps: int, topk: int, num_draft_tokens: int, **fields
+    ) -> ServerArgs:
+        return publish_server_args(
+            self,
+            device="cpu",
+            speculative_algorithm="EAGLE",
+            speculative_num_steps=num_steps,
+            speculative_eagle_topk=topk,
+            speculative_num_draft_tokens=num_draft_tokens,
+            **fields,
+        )
 
 
 def single_rank(test_case: TestCase) -> None:

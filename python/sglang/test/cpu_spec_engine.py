@@ -20,6 +20,7 @@ anything imports sgl_kernel.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import logging
@@ -67,48 +68,46 @@ def _next_power_of_2(n: int) -> int:
     return next_power_of_2(n)
 
 
-def assign_req_to_token_pool_cpu(
-    req_pool_indices: torch.Tensor,
-    req_to_token: torch.Tensor,
-    start_offset: torch.Tensor,
-    end_offset: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    pool_len: int,
-) -> None:
-    from sglang.srt.mem_cache.allocation import assign_req_to_token_pool
+def _per_request_slot_kernel(
+    kernel_module: str, kernel_name: str, op_name: str
+) -> Callable[..., None]:
+    """An sgl_kernel op that writes ``[start, end)`` slots per request, as upstream's
+    Triton kernel ``kernel_name`` of ``kernel_module`` (one program per request)."""
 
-    bs = req_pool_indices.shape[0]
-    assign_req_to_token_pool[(bs,)](
-        req_pool_indices,
-        req_to_token,
-        start_offset,
-        end_offset,
-        out_cache_loc,
-        pool_len,
-        _next_power_of_2(bs),
-    )
+    def op(
+        req_pool_indices: torch.Tensor,
+        req_to_token: torch.Tensor,
+        start_offset: torch.Tensor,
+        end_offset: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        pool_len: int,
+    ) -> None:
+        kernel = getattr(importlib.import_module(kernel_module), kernel_name)
+        bs = req_pool_indices.shape[0]
+        kernel[(bs,)](
+            req_pool_indices,
+            req_to_token,
+            start_offset,
+            end_offset,
+            out_cache_loc,
+            pool_len,
+            _next_power_of_2(bs),
+        )
+
+    op.__name__ = op_name
+    return op
 
 
-def assign_extend_cache_locs_cpu(
-    req_pool_indices: torch.Tensor,
-    req_to_token: torch.Tensor,
-    start_offset: torch.Tensor,
-    end_offset: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    pool_len: int,
-) -> None:
-    from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs
-
-    bs = req_pool_indices.shape[0]
-    assign_extend_cache_locs[(bs,)](
-        req_pool_indices,
-        req_to_token,
-        start_offset,
-        end_offset,
-        out_cache_loc,
-        pool_len,
-        _next_power_of_2(bs),
-    )
+assign_req_to_token_pool_cpu = _per_request_slot_kernel(
+    "sglang.srt.mem_cache.allocation",
+    "assign_req_to_token_pool",
+    "assign_req_to_token_pool_cpu",
+)
+assign_extend_cache_locs_cpu = _per_request_slot_kernel(
+    "sglang.kernels.ops.speculative.cache_locs",
+    "assign_extend_cache_locs",
+    "assign_extend_cache_locs_cpu",
+)
 
 
 def assign_draft_cache_locs_contiguous_cpu(

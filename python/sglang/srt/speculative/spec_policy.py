@@ -31,6 +31,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from sglang.srt.mem_cache.allocation_sizing import (
+    get_alloc_len_per_decode,
+    get_alloc_reserve_per_decode,
+)
+
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.server_args import ServerArgs
@@ -227,11 +232,6 @@ def decode_kv_reserve(batch: ScheduleBatch) -> int:
     ``get_alloc_len_per_decode()`` of them, a plain step one. A speculative step
     reserves upstream's double buffer; a plain step that lag plus its own token.
     """
-    from sglang.srt.mem_cache.allocation_sizing import (
-        get_alloc_len_per_decode,
-        get_alloc_reserve_per_decode,
-    )
-
     if not batch.spec_plain_step:
         return get_alloc_reserve_per_decode()
     lag = 1 if batch.spec_prev_plain_step else get_alloc_len_per_decode()

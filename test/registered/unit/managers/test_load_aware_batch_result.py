@@ -15,7 +15,6 @@ from typing import List
 
 import torch
 
-from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -28,9 +27,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.cpu_schedule_batch import publish_server_args
-from sglang.test.spec_engine_utils import tiny_llama_config_dir
-from sglang.test.test_utils import CustomTestCase
+from sglang.test.cpu_schedule_batch import TinyEagleTestCase
 
 register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 
@@ -99,25 +96,9 @@ def verify_result(tokens_per_req: List[List[int]]) -> GenerationBatchResult:
     )
 
 
-class LoadAwareResultTestBase(CustomTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmpdir = tiny_llama_config_dir()
-        cls.model_config = ModelConfig(cls.tmpdir.name)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmpdir.cleanup()
-
+class LoadAwareResultTestBase(TinyEagleTestCase):
     def setUp(self):
-        publish_server_args(
-            self,
-            device="cpu",
-            speculative_algorithm="EAGLE",
-            speculative_num_steps=NUM_DRAFT_TOKENS - 1,
-            speculative_eagle_topk=1,
-            speculative_num_draft_tokens=NUM_DRAFT_TOKENS,
-        )
+        self.publish_eagle_args(NUM_DRAFT_TOKENS - 1, 1, NUM_DRAFT_TOKENS)
         self.worker = RecordingSpecWorker()
         self.metrics = RecordingMetricsReporter()
         self.streamer = RecordingOutputStreamer()

@@ -17,7 +17,6 @@ import unittest
 
 import torch
 
-from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.mem_cache.allocation_sizing import (
     get_alloc_len_per_decode,
     get_alloc_reserve_per_decode,
@@ -27,11 +26,10 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import SpecPolicy
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.cpu_schedule_batch import (
+    TinyEagleTestCase,
     cpu_kv_pools,
     prefilled_batch,
-    publish_server_args,
 )
-from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 from sglang.test.triton_interpreter import (
     IN_TRITON_INTERPRETER,
@@ -48,7 +46,7 @@ def page_ceil(n: int, page_size: int) -> int:
 
 
 @unittest.skipUnless(IN_TRITON_INTERPRETER, NEEDS_INTERPRETER)
-class KVSizingTestBase(CustomTestCase):
+class KVSizingTestBase(TinyEagleTestCase):
     page_size = 1
     num_steps, topk, num_draft_tokens = 3, 1, 4
     alloc_len = 4  # one speculative step's KV per request (allocation_sizing)
@@ -56,23 +54,11 @@ class KVSizingTestBase(CustomTestCase):
     max_context_len = 128
     attention_backend = None
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmpdir = tiny_llama_config_dir()
-        cls.model_config = ModelConfig(cls.tmpdir.name)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmpdir.cleanup()
-
     def setUp(self):
-        publish_server_args(
-            self,
-            device="cpu",
-            speculative_algorithm="EAGLE",
-            speculative_num_steps=self.num_steps,
-            speculative_eagle_topk=self.topk,
-            speculative_num_draft_tokens=self.num_draft_tokens,
+        self.publish_eagle_args(
+            self.num_steps,
+            self.topk,
+            self.num_draft_tokens,
             page_size=self.page_size,
             attention_backend=self.attention_backend,
         )

@@ -21,7 +21,6 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -40,12 +39,12 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import SpecPolicy
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.cpu_schedule_batch import (
+    TinyEagleTestCase,
     cpu_kv_pools,
     prefilled_batch,
     publish_server_args,
     single_rank,
 )
-from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 from sglang.test.triton_interpreter import (
     IN_TRITON_INTERPRETER,
@@ -219,26 +218,14 @@ class RecordingAdaptiveController:
 
 
 @unittest.skipUnless(IN_TRITON_INTERPRETER, NEEDS_INTERPRETER)
-class PlainStepTestBase(CustomTestCase):
+class PlainStepTestBase(TinyEagleTestCase):
     kv_only = False
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmpdir = tiny_llama_config_dir()
-        cls.model_config = ModelConfig(cls.tmpdir.name)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmpdir.cleanup()
-
     def setUp(self):
-        publish_server_args(
-            self,
-            device="cpu",
-            speculative_algorithm="EAGLE",
-            speculative_num_steps=3,
-            speculative_eagle_topk=TOPK,
-            speculative_num_draft_tokens=6,
+        self.publish_eagle_args(
+            3,
+            TOPK,
+            6,
             speculative_disable_batch_threshold=2,
             page_size=1,
         )
