@@ -8,15 +8,20 @@ of speculative and plain engines can be compared token by token.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import random
 import subprocess
 import sys
 import tempfile
+import types
+from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 SYNTHETIC_MODELS_DIR_ENV = "SGLANG_SYNTHETIC_MODELS_DIR"
+# The checkout this module lies in (python/sglang/test/ -> the repository root).
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 # Small engines: tests run several of them one after another on one GPU.
 TEST_ENGINE_DEFAULTS: Dict[str, object] = dict(
@@ -43,6 +48,17 @@ TINY_LLAMA_CONFIG: Dict[str, object] = {
     "rms_norm_eps": 1e-5,
     "torch_dtype": "bfloat16",
 }
+
+
+def load_benchmark_script(name: str) -> types.ModuleType:
+    """``benchmark/dynamic_spec/<name>.py`` of this checkout, imported as module
+    ``name`` (registered in sys.modules: dataclasses resolve annotations there)."""
+    path = REPO_ROOT / "benchmark" / "dynamic_spec" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_llama_config_dir() -> tempfile.TemporaryDirectory:

@@ -4,7 +4,6 @@
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,12 +18,11 @@ from unittest import mock
 from aiohttp import web
 
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.spec_engine_utils import synthetic_pair
+from sglang.test.spec_engine_utils import load_benchmark_script, synthetic_pair
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 
-BENCH = Path(__file__).resolve().parents[4] / "benchmark/dynamic_spec/bench_sweep.py"
 SUMMARY_POINT_KEYS = {
     "config",
     "concurrency",
@@ -37,18 +35,11 @@ SUMMARY_POINT_KEYS = {
 }
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_sweep", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
-    spec.loader.exec_module(module)
-    return module
-
 
 class TestBenchSweepResults(CustomTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.bench = load_bench()
+        cls.bench = load_benchmark_script("bench_sweep")
 
     def result(self, ttft, latency, tokens, verify=0, correct=0):
         return self.bench.RequestResult(ttft, latency, tokens, verify, correct, latency)

@@ -1,37 +1,27 @@
 """benchmark/dynamic_spec/policy_sim.py: replaying a workload through the load-aware
 policies offline. No GPU; the cost tables are fixtures, not measurements."""
 
-import importlib.util
 import io
 import json
-import sys
 import tempfile
 import unittest
 from contextlib import redirect_stdout
-from pathlib import Path
 
 from sglang.srt.speculative.throughput_policy import chain_accept_length
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.spec_engine_utils import load_benchmark_script
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 
-SCRIPT = Path(__file__).resolve().parents[4] / "benchmark/dynamic_spec/policy_sim.py"
 COSTS = {
     0: {1: 0.010, 8: 0.011, 32: 0.013, 64: 0.016, 128: 0.022, 256: 0.035},
     3: {1: 0.016, 8: 0.019, 32: 0.028, 64: 0.042, 128: 0.070, 256: 0.125},
 }
 
 
-def load_policy_sim():
-    spec = importlib.util.spec_from_file_location("policy_sim", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-sim = load_policy_sim()
+sim = load_benchmark_script("policy_sim")
 
 
 def run(policy: str, env, phases):

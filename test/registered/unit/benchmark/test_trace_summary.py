@@ -2,28 +2,18 @@
 (GPU busy share, GPU time per CUDA graph, CPU waits, idle gaps). No GPU."""
 
 import gzip
-import importlib.util
 import json
 import os
-import sys
 import tempfile
 import unittest
-from pathlib import Path
 
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.spec_engine_utils import load_benchmark_script
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=5, suite="base-a-test-cpu")
 
-SCRIPT = Path(__file__).resolve().parents[4] / "benchmark/dynamic_spec/trace_summary.py"
 
-
-def load_trace_summary():
-    spec = importlib.util.spec_from_file_location("trace_summary", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def event(cat, name, ts, dur, correlation=None, tid=1):
@@ -78,7 +68,7 @@ TRACE = [
 class TestTraceSummary(CustomTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.ts = load_trace_summary()
+        cls.ts = load_benchmark_script("trace_summary")
 
     def test_busy_share_graphs_and_eager_kernels(self):
         summary = self.ts.summarize_trace(
