@@ -147,7 +147,7 @@ def build_configs(
         env: Dict[str, str],
         always_on: str,
         extra_args: Sequence[str] = (),
-        threshold: Optional[int] = None,
+        threshold: Union[int, str, None] = None,
     ) -> Config:
         threshold = (per_config or {}).get(name, threshold or disable_threshold)
         flags = ["--speculative-disable-batch-threshold", str(threshold), *extra_args]
@@ -177,6 +177,10 @@ def build_configs(
             ),
             # Load-aware draft tree.
             load_aware("loadaware-topk4", EAGLE3_TREE, {}, "eagle3-topk4"),
+            # No threshold: each decode step runs the mode with the better expected
+            # throughput, from the step times and acceptance the server measures.
+            load_aware("auto-topk1", EAGLE3_CHAIN, {}, "eagle3-topk1", threshold="auto"),
+            load_aware("auto-topk4", EAGLE3_TREE, {}, "eagle3-topk4", threshold="auto"),
             # The fork's plain step at every running batch >= 2 (a lone request
             # speculates), chain: its decode rate against nospec's and upstream's
             # steps-0 step's (upstream-steps0-topk1).
@@ -1162,8 +1166,10 @@ Ratio = Tuple[float, Optional[str]]
 
 
 def disable_threshold_of(record: dict) -> int:
+    """The smallest running batch that may run plain steps (1 for auto)."""
     flags = record["server_args"]
-    return int(flags[flags.index("--speculative-disable-batch-threshold") + 1])
+    value = flags[flags.index("--speculative-disable-batch-threshold") + 1]
+    return 1 if value == "auto" else int(value)
 
 
 def lowest_ratio(

@@ -13,9 +13,9 @@ timeline): every policy runs each phase for the same time, so the tokens/s compa
 like the phases of a benchmark's ramp.
 
 Policies: ``nospec``, ``always`` (the largest step count), ``threshold:N`` (the fixed
-thresholds, spec_policy.SpecPolicy) and ``auto`` (throughput_policy.ThroughputPolicy,
-profiled from the same cost table, learning acceptance only from its own speculative
-steps).
+thresholds, spec_policy.SpecPolicy) and ``auto`` (throughput_policy.ThroughputPolicy as
+the server runs it: step times and acceptance learned only from the steps it runs,
+unmeasured modes calibrated, the other mode probed).
 
     python benchmark/dynamic_spec/policy_sim.py --trace run.jsonl \\
         --policies nospec,always,threshold:32,threshold:64,auto
@@ -150,8 +150,9 @@ class _Threshold:
 class _Auto:
     def __init__(self, env: Environment, prior_accept_length: float):
         steps = env.speculative_steps
+        batch_sizes = sorted(next(iter(env.costs.values())))
         self.policy = ThroughputPolicy(
-            StepCosts({m: dict(by_bs) for m, by_bs in env.costs.items()}),
+            StepCosts.unmeasured(list(env.costs), batch_sizes),
             AcceptanceEstimate(steps, {max(steps): prior_accept_length}),
         )
 

@@ -31,7 +31,7 @@ import copy
 import logging
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -321,6 +321,8 @@ class LoadAwarePlainStep:
         self.draft_catch_up = DraftCatchUp(worker.draft_worker)
         max_bs = worker.req_to_token_pool.size
         self.accept_lens = torch.ones(max_bs, dtype=torch.int32, device=worker.device)
+        # Called with the drafts each request accepted, after every verify step.
+        self.verify_listeners: List[Callable[[List[int]], None]] = []
 
     def forward(
         self,
@@ -390,6 +392,10 @@ class LoadAwarePlainStep:
         worker = self.worker
         if worker.adaptive_controller is not None and worker.speculative_num_steps == 0:
             worker.adaptive_controller.on_verify_complete([0] * bs, batch_size=bs)
+
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req: List[int]) -> None:
+        for listener in self.verify_listeners:
+            listener(num_correct_drafts_per_req)
 
     def resume_speculation(self, batch: ScheduleBatch) -> None:
         """Before a speculative step: complete the draft input that KV-only plain

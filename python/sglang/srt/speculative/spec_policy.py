@@ -18,6 +18,10 @@ the thresholds decide whether a step may speculate and the adaptive tiers how
 many draft steps it runs; the adaptive acceptance average learns from
 speculative steps only.
 
+With ``--speculative-disable-batch-threshold auto``, ``ThroughputSpecPolicy``
+(throughput_policy.py) takes the decision instead, from measured step times and
+acceptance (``throughput_spec_policy``).
+
 The decision is taken in ``Scheduler.update_running_batch``, before the decode
 memory check, so that the step's KV reservation follows it
 (``decode_kv_reserve``). Its inputs (the sequence of batch sizes, and the
@@ -29,12 +33,23 @@ any communication.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    NamedTuple,
+    Optional,
+    Tuple,
+    Union,
+)
 
 from sglang.srt.mem_cache.allocation_sizing import (
     get_alloc_len_per_decode,
     get_alloc_reserve_per_decode,
 )
+from sglang.srt.speculative.throughput_policy import AUTO, ThroughputSpecPolicy
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -140,11 +155,13 @@ class SpecPolicy:
         ):
             params = adaptive.params
             zero_draft_steps = lambda bs: params.get_steps_for_batch(bs) == 0
-        if server_args.speculative_disable_batch_threshold is None:
-            if zero_draft_steps is None:
-                return None
+        threshold = server_args.speculative_disable_batch_threshold
+        if threshold == AUTO:
+            return throughput_spec_policy(server_args, plain_step)
+        if threshold is None and zero_draft_steps is None:
+            return None
         return cls(
-            disable_batch_threshold=server_args.speculative_disable_batch_threshold,
+            disable_batch_threshold=threshold,
             enable_batch_threshold=server_args.speculative_enable_batch_threshold,
             min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
             zero_draft_steps=zero_draft_steps,
@@ -238,6 +255,38 @@ def decode_kv_reserve(batch: ScheduleBatch) -> int:
     return lag + 1
 
 
+def throughput_spec_policy(server_args: ServerArgs, plain_step: Any):
+    """The ``auto`` policy of a server whose worker runs plain steps; its step
+    times are summed over the TP ranks every ``AUTO_FOLD_INTERVAL`` decode steps."""
+    tp_size = server_args.tp_size
+    policy = ThroughputSpecPolicy(
+        num_steps=server_args.speculative_num_steps,
+        max_batch_size=server_args.max_running_requests or MAX_AUTO_BATCH_BUCKET,
+        min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
+        reduce=tp_sum if tp_size > 1 else list,
+        fold_interval=AUTO_FOLD_INTERVAL if tp_size > 1 else 1,
+    )
+    plain_step.verify_listeners.append(policy.observe_verify)
+    return policy
+
+
+# Decode steps between two sums of the step times over TP ranks (one CPU
+# all-reduce each); a single rank folds every step.
+AUTO_FOLD_INTERVAL = 16
+# The largest batch bucket of ``auto`` without --max-running-requests.
+MAX_AUTO_BATCH_BUCKET = 1024
+
+
+def tp_sum(values: List[float]) -> List[float]:
+    import torch
+
+    from sglang.srt.distributed import get_tp_group
+
+    tensor = torch.tensor(values, dtype=torch.float64)
+    torch.distributed.all_reduce(tensor, group=get_tp_group().cpu_group)
+    return tensor.tolist()
+
+
 # ---------------------------------------------------------------------------
 # Server args: validation and defaults (called from
 # ServerArgs._handle_speculative_decoding).
@@ -245,18 +294,29 @@ def decode_kv_reserve(batch: ScheduleBatch) -> int:
 
 
 def threshold_error(
-    disable_batch_threshold: Optional[int],
+    disable_batch_threshold: Union[int, str, None],
     enable_batch_threshold: Optional[int],
     min_dwell_steps: int,
 ) -> Optional[str]:
     """Why the thresholds are invalid, or None. Pure."""
-    if disable_batch_threshold is None:
+    if min_dwell_steps < 0:
+        return (
+            "--speculative-load-aware-min-dwell-steps must be >= 0, "
+            f"got {min_dwell_steps}"
+        )
+    if disable_batch_threshold is None or disable_batch_threshold == AUTO:
         if enable_batch_threshold is not None:
             return (
                 "--speculative-enable-batch-threshold requires "
-                "--speculative-disable-batch-threshold"
+                "--speculative-disable-batch-threshold N"
+                + (" (auto chooses when to speculate)" if disable_batch_threshold else "")
             )
         return None
+    if isinstance(disable_batch_threshold, str):
+        return (
+            "--speculative-disable-batch-threshold must be an integer or auto, "
+            f"got {disable_batch_threshold!r}"
+        )
     if disable_batch_threshold < 2:
         return (
             "--speculative-disable-batch-threshold must be >= 2 (speculation "
@@ -275,11 +335,6 @@ def threshold_error(
                 "--speculative-disable-batch-threshold "
                 f"({disable_batch_threshold})"
             )
-    if min_dwell_steps < 0:
-        return (
-            "--speculative-load-aware-min-dwell-steps must be >= 0, "
-            f"got {min_dwell_steps}"
-        )
     return None
 
 
@@ -334,6 +389,14 @@ def resolve_load_aware_server_args(server_args: ServerArgs) -> None:
     if reason is not None:
         raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
 
+    if n == AUTO:
+        if server_args.speculative_adaptive:
+            raise ValueError(
+                "--speculative-disable-batch-threshold auto: --speculative-adaptive "
+                "is not supported yet (auto chooses between the plain step and "
+                "--speculative-num-steps)."
+            )
+        return
     if m is None:
         server_args.speculative_enable_batch_threshold = default_enable_batch_threshold(
             n
@@ -354,7 +417,7 @@ def resolve_load_aware_server_args(server_args: ServerArgs) -> None:
 
 
 def speculative_capture_bs(
-    capture_bs: List[int], disable_batch_threshold: Optional[int]
+    capture_bs: List[int], disable_batch_threshold: Union[int, str, None]
 ) -> List[int]:
     """Batch sizes at which speculative (verify / draft-decode) graphs are needed.
 
@@ -362,7 +425,7 @@ def speculative_capture_bs(
     captured size >= its bs, so keep the sizes up to the smallest captured size
     >= N - 1. ``capture_bs`` must be sorted ascending; it is not modified.
     """
-    if disable_batch_threshold is None:
+    if disable_batch_threshold is None or disable_batch_threshold == AUTO:
         return list(capture_bs)
     max_spec_bs = disable_batch_threshold - 1
     kept = []

@@ -1,45 +1,57 @@
-"""Load-aware speculation without a threshold: each decode step runs the mode with
-the best expected output throughput.
+"""Load-aware speculation without a threshold (``--speculative-disable-batch-threshold
+auto``): each decode step runs the mode with the best expected output throughput.
 
 A mode is a number of draft steps: 0 is the plain step (one token per request), s > 0
-a speculative step with s draft steps (the step counts the server has verify graphs
-for: the configured one, or upstream's adaptive candidates). With running batch b,
-mode m produces ``b * E[accept length | m]`` tokens (1 per request for the plain
-step) in ``T_m(b)`` seconds; the policy picks the mode with the most tokens per
-second, with a margin and a dwell so that a batch at the crossover does not flip
-every step.
+a speculative step with s draft steps. With running batch b, mode m produces
+``b * E[accept length | m]`` tokens (1 per request for the plain step) in ``T_m(b)``
+seconds; the policy picks the mode with the most tokens per second, with a margin and
+a dwell so that a batch at the crossover does not flip every step.
 
-* ``StepCosts``: ``T_m(b)`` per captured batch size (a batch replays the smallest
-  captured size >= b), from a startup profile, refined online from the decode steps
-  that run (steps with prefill in them are not decode steps and must not be fed).
+* ``StepCosts``: ``T_m(b)`` per batch bucket, measured online from the decode steps
+  that run (steps with a prefill in them are not fed). Times measured while serving
+  price attention at the context lengths actually served, which a replay of the
+  captured graphs (at their capture-time lengths) would not.
 * ``AcceptanceEstimate``: ``E[accept length | m]`` observed over speculative steps
   (an EMA per step count); step counts not observed yet are predicted from the
   per-token acceptance of a chain fitted to the ones that were
   (``E = 1 + p + ... + p^s``).
-* ``ThroughputPolicy``: the decision. While plain, the acceptance estimate would go
-  stale; every ``probe_interval`` plain steps it runs one speculative step to
-  refresh it, which costs at most ``1 / probe_interval`` of the plain steps'
-  throughput times the relative loss of that step.
+* ``ThroughputPolicy``: the decision. A mode not timed yet at a bucket is run for a
+  few steps (calibration); after ``probe_interval`` steps in one mode the other runs
+  for ``explore_steps`` (a probe), so that neither its time nor, while plain, the
+  acceptance goes stale. Probes cost ``explore_steps / probe_interval`` of the steps
+  (1.6% by default), each at the other mode's throughput.
+* ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
+  launches of the running batch (``DecodeStepTimer``) and folds what the steps
+  observed into the policy, summed over TP ranks (``PendingObservations``), so that
+  every rank decides from the same inputs.
 
-Every input must be identical on every TP rank: the startup profile is broadcast from
-rank 0, the acceptance is rank-identical; online timings are per rank, so they are
-only fed where one rank decides (``StepCosts.refine_online``).
-
-Pure Python: the server wiring and the profile are separate.
+Pure Python: the TP sum is injected (spec_policy.throughput_spec_policy).
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import Dict, List, NamedTuple, Optional, Sequence
+import logging
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+logger = logging.getLogger(__name__)
+
+# --speculative-disable-batch-threshold auto
+AUTO = "auto"
 PLAIN = 0
 
 REASON_BEST = "best_throughput"  # the mode with the best expected tokens/s
 REASON_MARGIN = "within_margin"  # another mode is better, but not by the margin
 REASON_DWELL = "dwell"  # another mode is better, but the dwell has not elapsed
-REASON_PROBE = "probe"  # a speculative step that refreshes the acceptance estimate
-THROUGHPUT_REASONS = (REASON_BEST, REASON_MARGIN, REASON_DWELL, REASON_PROBE)
+REASON_PROBE = "probe"  # another mode's step, refreshing its time and acceptance
+REASON_CALIBRATE = "calibrate"  # a mode's first steps at a batch size: its time
+THROUGHPUT_REASONS = (
+    REASON_BEST,
+    REASON_MARGIN,
+    REASON_DWELL,
+    REASON_PROBE,
+    REASON_CALIBRATE,
+)
 
 
 def chain_accept_length(p: float, num_steps: int) -> float:
@@ -63,53 +75,63 @@ def fit_chain_acceptance(accept_length: float, num_steps: int) -> float:
 
 
 class StepCosts:
-    """Seconds of one decode step by mode and captured batch size."""
+    """Seconds of one decode step by mode and batch bucket (a batch costs what the
+    smallest bucket >= its size costs), measured online: a bucket's first sample sets
+    it, later ones move it by an EMA. Unmeasured entries are None until then."""
 
     def __init__(
         self,
-        profile: Dict[int, Dict[int, float]],
+        profile: Dict[int, Dict[int, Optional[float]]],
         ema_alpha: float = 0.05,
-        refine_online: bool = True,
     ):
-        """profile: {mode: {captured batch size: seconds}}, every mode at the same
-        batch sizes (the startup replays of the captured graphs)."""
+        """profile: {mode: {batch bucket: seconds or None}}, every mode at the same
+        buckets."""
         sizes = {tuple(sorted(by_bs)) for by_bs in profile.values()}
         if len(sizes) != 1 or not next(iter(sizes)):
-            raise ValueError("the profile needs every mode at the same batch sizes")
+            raise ValueError("the step costs need every mode at the same batch sizes")
         self.batch_sizes: List[int] = list(next(iter(sizes)))
         self._seconds = {
             mode: [by_bs[bs] for bs in self.batch_sizes]
             for mode, by_bs in profile.items()
         }
         self.ema_alpha = ema_alpha
-        self.refine_online = refine_online
+
+    @classmethod
+    def unmeasured(
+        cls, modes: Sequence[int], batch_sizes: Sequence[int], ema_alpha: float = 0.05
+    ) -> "StepCosts":
+        return cls({m: dict.fromkeys(batch_sizes) for m in modes}, ema_alpha)
 
     @property
     def modes(self) -> List[int]:
         return sorted(self._seconds)
 
-    def _bucket(self, batch_size: int) -> int:
-        return min(
-            bisect.bisect_left(self.batch_sizes, batch_size), len(self.batch_sizes) - 1
-        )
+    def bucket(self, batch_size: int) -> int:
+        """The bucket a batch of this size is timed in (the largest beyond it)."""
+        i = bisect.bisect_left(self.batch_sizes, batch_size)
+        return self.batch_sizes[min(i, len(self.batch_sizes) - 1)]
 
-    def estimate(self, mode: int, batch_size: int) -> float:
-        """T_mode(batch_size): the captured size it pads to; beyond the largest one,
-        its time per request times the batch size."""
-        i = self._bucket(batch_size)
-        seconds = self._seconds[mode][i]
-        largest = self.batch_sizes[-1]
-        return seconds * batch_size / largest if batch_size > largest else seconds
+    def estimate(self, mode: int, batch_size: int) -> Optional[float]:
+        """T_mode(batch_size), or None while its bucket is unmeasured; beyond the
+        largest bucket, its time per request times the batch size."""
+        bucket = self.bucket(batch_size)
+        seconds = self._seconds[mode][self.batch_sizes.index(bucket)]
+        if seconds is None or batch_size <= bucket:
+            return seconds
+        return seconds * batch_size / bucket
+
+    def measured(self, mode: int, batch_size: int) -> bool:
+        return self.estimate(mode, batch_size) is not None
 
     def observe(self, mode: int, batch_size: int, seconds: float) -> None:
         """Fold the measured time of one decode step (no prefill in it) into its
-        bucket; beyond the largest captured size the step is not a graph replay."""
-        if not self.refine_online or batch_size > self.batch_sizes[-1]:
+        bucket; batches beyond the largest bucket are not fed."""
+        if batch_size > self.batch_sizes[-1]:
             return
-        row, i = self._seconds[mode], self._bucket(batch_size)
-        row[i] += self.ema_alpha * (seconds - row[i])
+        row, i = self._seconds[mode], self.batch_sizes.index(self.bucket(batch_size))
+        row[i] = seconds if row[i] is None else row[i] + self.ema_alpha * (seconds - row[i])
 
-    def table(self) -> Dict[str, Dict[int, float]]:
+    def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {
             str(mode): dict(zip(self.batch_sizes, row))
             for mode, row in sorted(self._seconds.items())
@@ -122,19 +144,22 @@ class AcceptanceEstimate:
     def __init__(
         self,
         step_counts: Sequence[int],
-        initial_accept_length: Dict[int, float],
+        prior_accept_length: Dict[int, float],
         ema_alpha: float = 0.1,
     ):
-        """initial_accept_length: a prior for at least one step count (e.g. the
-        draft's typical acceptance, or 1.0: speculation must then earn its place)."""
-        if not initial_accept_length:
+        """prior_accept_length: for at least one step count, what to expect before a
+        speculative step has been observed (1.0: speculation must earn its place);
+        the first observation of a step count replaces it."""
+        if not prior_accept_length:
             raise ValueError("the acceptance estimate needs a prior")
         self.step_counts = sorted(step_counts)
         self.ema_alpha = ema_alpha
-        self._observed: Dict[int, float] = dict(initial_accept_length)
+        self._prior = dict(prior_accept_length)
+        self._observed: Dict[int, float] = {}
 
     def observe(self, num_steps: int, num_tokens: int, num_requests: int) -> None:
-        """One speculative step: ``num_tokens`` committed by ``num_requests``."""
+        """Speculative steps of one step count: ``num_tokens`` committed by
+        ``num_requests`` verified requests (one step, or several summed)."""
         if num_requests <= 0:
             return
         sample = num_tokens / num_requests
@@ -145,29 +170,39 @@ class AcceptanceEstimate:
 
     def expected(self, num_steps: int) -> float:
         """E[accept length | num_steps]; unobserved step counts from the chain fit to
-        the nearest observed one."""
+        the nearest observed one (or prior)."""
         if num_steps == PLAIN:
             return 1.0
-        if num_steps in self._observed:
-            return self._observed[num_steps]
-        nearest = min(self._observed, key=lambda s: (abs(s - num_steps), s))
-        p = fit_chain_acceptance(self._observed[nearest], nearest)
+        known = self._observed or self._prior
+        if num_steps in known:
+            return known[num_steps]
+        nearest = min(known, key=lambda s: (abs(s - num_steps), s))
+        p = fit_chain_acceptance(known[nearest], nearest)
         return chain_accept_length(p, num_steps)
 
     def state(self) -> Dict[int, float]:
-        return {s: round(self.expected(s), 4) for s in self.step_counts}
+        return {str(s): round(self.expected(s), 4) for s in self.step_counts}
 
 
 class ThroughputDecision(NamedTuple):
     num_steps: int  # 0: a plain step
     reason: str
     toggled: bool  # True iff plain vs speculative differs from the previous step
-    # Expected tokens/s of the chosen mode over the plain step's, minus 1.
+    # Expected tokens/s of the best speculative mode over the plain step's, minus
+    # 1 (0 while unmeasured at this batch size): > 0 where speculation pays.
     expected_gain: float
 
 
 class ThroughputPolicy:
-    """Chooses each decode step's mode by expected output tokens per second."""
+    """Chooses each decode step's mode by expected output tokens per second.
+
+    A mode not yet timed at the batch's bucket is run for ``explore_steps`` steps
+    (``calibrate``), at most once per ``probe_interval`` steps while its time has not
+    arrived; after ``probe_interval`` steps in one mode, the best other mode runs for
+    ``explore_steps`` (``probe``), which keeps its time and, while plain, the
+    acceptance current. Probes cost ``explore_steps / probe_interval`` of the steps,
+    run at the other mode's throughput.
+    """
 
     def __init__(
         self,
@@ -175,37 +210,50 @@ class ThroughputPolicy:
         acceptance: AcceptanceEstimate,
         margin: float = 0.05,
         min_dwell_steps: int = 8,
-        probe_interval: int = 64,
+        probe_interval: int = 256,
+        explore_steps: int = 4,
     ):
         if PLAIN not in costs.modes:
             raise ValueError("the step costs need the plain step (mode 0)")
         missing = set(acceptance.step_counts) - set(costs.modes)
         if missing:
             raise ValueError(f"no step costs for draft step counts {sorted(missing)}")
-        if margin < 0 or min_dwell_steps < 0 or probe_interval < 1:
-            raise ValueError("margin and dwell must be >= 0, probe_interval >= 1")
+        if margin < 0 or min_dwell_steps < 0 or probe_interval < 1 or explore_steps < 1:
+            raise ValueError(
+                "margin and dwell must be >= 0, probe_interval and explore_steps >= 1"
+            )
         self.costs = costs
         self.acceptance = acceptance
         self.margin = margin
         self.min_dwell_steps = min_dwell_steps
         self.probe_interval = probe_interval
+        self.explore_steps = explore_steps
         self.modes = [PLAIN] + [s for s in acceptance.step_counts if s != PLAIN]
 
-        # The mode the policy is in (a probe does not change it), how many steps it
-        # has lasted, and what the last step ran.
+        # The mode the policy is in (exploration does not change it), how many steps
+        # it has lasted, and what the last step ran.
         self._mode = max(self.modes)  # start speculating, as the threshold policy does
         self._steps_in_mode = 0
-        self._plain_since_spec = 0
+        self._steps_since_explore = 0
+        self._exploring: Optional[Tuple[int, str]] = None  # (mode, reason)
+        self._explore_left = 0
+        # The decode step of the last calibration of each (mode, bucket).
+        self._calibrated_at: Dict[Tuple[int, int], int] = {}
+        self._num_decisions = 0
         self._last_speculated = True
         self.last_gain = 0.0
         self.num_toggles = 0
         self.num_probes = 0
-        self.step_counts: Dict[tuple, int] = {}
+        self.num_calibrations = 0
+        self.step_counts: Dict[Tuple[int, str], int] = {}
 
-    def throughput(self, num_steps: int, batch_size: int) -> float:
-        """Expected output tokens per second of one step of this mode."""
-        tokens = batch_size * self.acceptance.expected(num_steps)
-        return tokens / self.costs.estimate(num_steps, batch_size)
+    def throughput(self, num_steps: int, batch_size: int) -> Optional[float]:
+        """Expected output tokens per second of one step of this mode (None while
+        unmeasured at this batch size)."""
+        seconds = self.costs.estimate(num_steps, batch_size)
+        if seconds is None:
+            return None
+        return batch_size * self.acceptance.expected(num_steps) / seconds
 
     @property
     def speculating(self) -> bool:
@@ -217,35 +265,73 @@ class ThroughputPolicy:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         rates = {m: self.throughput(m, batch_size) for m in self.modes}
-        best = max(rates, key=lambda m: (rates[m], -m))
-        mode, reason = self._mode, REASON_BEST
-        if best != self._mode:
-            if rates[best] <= rates[self._mode] * (1 + self.margin):
-                reason = REASON_MARGIN
-            elif self._steps_in_mode < self.min_dwell_steps:
-                reason = REASON_DWELL
-            else:
-                mode = best
+        mode, reason = self._mode_by_rates(rates)
         chosen = mode
-        if chosen == PLAIN and self._plain_since_spec + 1 >= self.probe_interval:
-            chosen = max(
-                (m for m in self.modes if m != PLAIN), key=lambda m: rates[m]
-            )
-            reason = REASON_PROBE
-            self.num_probes += 1
-
+        explore = self._exploration(mode, rates, batch_size)
+        if explore is not None:
+            chosen, reason = explore
         toggled = (chosen != PLAIN) != self._last_speculated
         self._advance(mode, chosen, toggled)
-        self.last_gain = rates[chosen] / rates[PLAIN] - 1
+        self.last_gain = self._speculation_gain(rates)
         key = (chosen, reason)
         self.step_counts[key] = self.step_counts.get(key, 0) + 1
         return ThroughputDecision(chosen, reason, toggled, self.last_gain)
+
+    def _speculation_gain(self, rates: Dict[int, Optional[float]]) -> float:
+        spec = [r for m, r in rates.items() if m != PLAIN and r is not None]
+        if not spec or rates[PLAIN] is None:
+            return 0.0
+        return max(spec) / rates[PLAIN] - 1
+
+    def _mode_by_rates(self, rates: Dict[int, Optional[float]]) -> Tuple[int, str]:
+        """The policy's mode among the measured ones, with margin and dwell."""
+        current = rates[self._mode]
+        measured = {m: r for m, r in rates.items() if r is not None}
+        if current is None or len(measured) < 2:
+            return self._mode, REASON_CALIBRATE
+        best = max(measured, key=lambda m: (measured[m], -m))
+        if best == self._mode:
+            return self._mode, REASON_BEST
+        if measured[best] <= current * (1 + self.margin):
+            return self._mode, REASON_MARGIN
+        if self._steps_in_mode < self.min_dwell_steps:
+            return self._mode, REASON_DWELL
+        return best, REASON_BEST
+
+    def _exploration(
+        self, mode: int, rates: Dict[int, Optional[float]], batch_size: int
+    ) -> Optional[Tuple[int, str]]:
+        """(mode, reason) of a calibration or probe step instead of ``mode``."""
+        if self._explore_left > 0:
+            self._explore_left -= 1
+            return self._exploring
+        bucket = self.costs.bucket(batch_size)
+        for other in self.modes:
+            last = self._calibrated_at.get((other, bucket))
+            due = last is None or self._num_decisions - last >= self.probe_interval
+            if other != mode and rates[other] is None and due:
+                self._calibrated_at[(other, bucket)] = self._num_decisions
+                self.num_calibrations += 1
+                return self._start_exploring(other, REASON_CALIBRATE)
+        if self._steps_since_explore + 1 < self.probe_interval:
+            return None
+        others = [m for m in self.modes if m != mode]
+        other = max(others, key=lambda m: (rates[m] or 0.0, m))
+        self.num_probes += 1
+        return self._start_exploring(other, REASON_PROBE)
+
+    def _start_exploring(self, mode: int, reason: str) -> Tuple[int, str]:
+        self._exploring = (mode, reason)
+        self._explore_left = self.explore_steps - 1
+        return self._exploring
 
     def _advance(self, mode: int, chosen: int, toggled: bool) -> None:
         if mode != self._mode:
             self._mode, self._steps_in_mode = mode, 0
         self._steps_in_mode += 1
-        self._plain_since_spec = self._plain_since_spec + 1 if chosen == PLAIN else 0
+        self._num_decisions += 1
+        explored = chosen != mode
+        self._steps_since_explore = 0 if explored else self._steps_since_explore + 1
         self._last_speculated = chosen != PLAIN
         self.num_toggles += toggled
 
@@ -272,7 +358,225 @@ class ThroughputPolicy:
             "accept_length": self.acceptance.state(),
             "num_toggles": self.num_toggles,
             "num_probes": self.num_probes,
+            "num_calibrations": self.num_calibrations,
             "margin": self.margin,
             "min_dwell_steps": self.min_dwell_steps,
             "probe_interval": self.probe_interval,
+            "explore_steps": self.explore_steps,
+        }
+
+
+class StepSample(NamedTuple):
+    num_steps: int
+    batch_size: int
+    seconds: float
+
+
+class DecodeStepTimer:
+    """Times decode steps from the scheduler's launches of the running batch.
+
+    ``record`` is called once per decode step, before it is launched, with what the
+    batch's previous launch recorded: the scheduler's forward counter, launch time,
+    mode and batch size. The interval between two consecutive launches of the
+    running batch is one decode step's time when no other batch (a prefill) ran in
+    between; under the overlap scheduler it is the time of the step launched two
+    before, so a sample counts only if the last three steps ran the same mode at
+    the same bucket, one after another.
+    """
+
+    WINDOW = 3
+
+    def __init__(self, bucket: Callable[[int], int]):
+        self.bucket = bucket
+        # (forward_iter, launch time, num_steps, bucket) of the last launches.
+        self._launches: List[Tuple[int, float, int, int]] = []
+
+    def record(
+        self, forward_iter: int, launch_ts: float, num_steps: int, batch_size: int
+    ) -> Optional[StepSample]:
+        launch = (forward_iter, launch_ts, num_steps, self.bucket(batch_size))
+        if self._launches and self._launches[-1][0] == forward_iter:
+            return None  # the batch has not run since the last call
+        self._launches = (self._launches + [launch])[-self.WINDOW :]
+        if len(self._launches) < self.WINDOW:
+            return None
+        first = self._launches[0]
+        contiguous = all(
+            later[0] == first[0] + i and later[2:] == first[2:]
+            for i, later in enumerate(self._launches)
+        )
+        if not contiguous:
+            return None
+        seconds = self._launches[-1][1] - self._launches[-2][1]
+        return StepSample(num_steps, batch_size, seconds)
+
+
+class PendingObservations:
+    """What the decode steps observed since the last fold, as sums that TP ranks
+    add up (``reduce``) before every rank folds the same totals into its policy."""
+
+    def __init__(self, modes: Sequence[int], batch_sizes: Sequence[int]):
+        self.modes = list(modes)
+        self.batch_sizes = list(batch_sizes)
+        self._clear()
+
+    def _clear(self) -> None:
+        cells = len(self.modes) * len(self.batch_sizes)
+        self._seconds = [0.0] * cells  # summed step times
+        self._steps = [0.0] * cells  # timed steps
+        self._tokens = [0.0] * len(self.modes)  # committed by verified requests
+        self._requests = [0.0] * len(self.modes)
+
+    def _cell(self, num_steps: int, bucket: int) -> int:
+        return self.modes.index(num_steps) * len(self.batch_sizes) + (
+            self.batch_sizes.index(bucket)
+        )
+
+    def add_step_time(self, num_steps: int, bucket: int, seconds: float) -> None:
+        i = self._cell(num_steps, bucket)
+        self._seconds[i] += seconds
+        self._steps[i] += 1
+
+    def add_verify(self, num_steps: int, num_tokens: int, num_requests: int) -> None:
+        i = self.modes.index(num_steps)
+        self._tokens[i] += num_tokens
+        self._requests[i] += num_requests
+
+    def fold_into(
+        self,
+        policy: ThroughputPolicy,
+        reduce: Callable[[List[float]], List[float]],
+    ) -> None:
+        """Sum the ranks' observations and feed them to the policy: one mean step
+        time per (mode, bucket), one acceptance sample per step count."""
+        flat = reduce(self._seconds + self._steps + self._tokens + self._requests)
+        cells = len(self._seconds)
+        seconds, steps = flat[:cells], flat[cells : 2 * cells]
+        tokens, requests = flat[2 * cells :][: len(self.modes)], flat[-len(self.modes) :]
+        self._clear()
+        for m, mode in enumerate(self.modes):
+            if requests[m] > 0:
+                policy.acceptance.observe(mode, tokens[m], requests[m])
+            for b, bucket in enumerate(self.batch_sizes):
+                i = m * len(self.batch_sizes) + b
+                if steps[i] > 0:
+                    policy.costs.observe(mode, bucket, seconds[i] / steps[i])
+
+
+def parse_disable_batch_threshold(value: str) -> Union[int, str]:
+    """--speculative-disable-batch-threshold: an integer, or ``auto``."""
+    return value if value == AUTO else int(value)
+
+
+def power_of_two_buckets(max_batch_size: int) -> List[int]:
+    """1, 2, 4, ... up to the first power of two >= max_batch_size."""
+    buckets = [1]
+    while buckets[-1] < max_batch_size:
+        buckets.append(buckets[-1] * 2)
+    return buckets
+
+
+class ThroughputSpecPolicy:
+    """``--speculative-disable-batch-threshold auto``: the scheduler's per-step
+    policy (the interface of spec_policy.SpecPolicy) on a ThroughputPolicy between
+    the plain step and the server's speculative step count.
+
+    Step times come from ``DecodeStepTimer``, acceptance from the verify results
+    (``observe_verify``); both are folded into the policy every ``fold_interval``
+    decode steps, summed over TP ranks by ``reduce``, so that every rank decides
+    from the same inputs.
+    """
+
+    def __init__(
+        self,
+        num_steps: int,
+        max_batch_size: int,
+        min_dwell_steps: int,
+        reduce: Callable[[List[float]], List[float]],
+        fold_interval: int,
+        **policy_kwargs,
+    ):
+        if fold_interval < 1:
+            raise ValueError(f"fold_interval must be >= 1, got {fold_interval}")
+        buckets = power_of_two_buckets(max_batch_size)
+        modes = [PLAIN, num_steps]
+        self.num_steps = num_steps
+        self.policy = ThroughputPolicy(
+            StepCosts.unmeasured(modes, buckets),
+            AcceptanceEstimate([num_steps], {num_steps: 1.0}),
+            min_dwell_steps=min_dwell_steps,
+            **policy_kwargs,
+        )
+        self.timer = DecodeStepTimer(self.policy.costs.bucket)
+        self.pending = PendingObservations(modes, buckets)
+        self.reduce = reduce
+        self.fold_interval = fold_interval
+        self._plans = 0
+        self.step_counts: Dict[Tuple[str, str], int] = {}
+
+    @property
+    def speculating(self) -> bool:
+        return self.policy.speculating
+
+    @property
+    def num_toggles(self) -> int:
+        return self.policy.num_toggles
+
+    def plan_decode_step(self, batch) -> None:
+        """Decide the mode of ``batch``'s next decode step (before its memory check).
+
+        batch: the running ScheduleBatch; its ``forward_iter``, ``launch_ts`` and
+        ``spec_plain_step`` still describe its previous decode step."""
+        batch_size = batch.batch_size()
+        launched = getattr(batch, "launch_ts", None)
+        if launched is not None and batch.forward_iter is not None:
+            sample = self.timer.record(
+                batch.forward_iter,
+                launched,
+                PLAIN if batch.spec_plain_step else self.num_steps,
+                batch_size,
+            )
+            if sample is not None:
+                self.pending.add_step_time(
+                    sample.num_steps, self.timer.bucket(sample.batch_size), sample.seconds
+                )
+        self._plans += 1
+        if self._plans % self.fold_interval == 0:
+            self.pending.fold_into(self.policy, self.reduce)
+
+        decision = self.policy.decide(batch_size)
+        if decision.toggled:
+            logger.info(
+                "Load-aware speculation: %s from decode step %d (running batch %d, "
+                "auto: %s, expected gain of speculating %+.1f%%).",
+                "speculative" if decision.num_steps else "plain",
+                self._plans,
+                batch_size,
+                decision.reason,
+                100 * decision.expected_gain,
+            )
+        key = ("spec" if decision.num_steps else "plain", decision.reason)
+        self.step_counts[key] = self.step_counts.get(key, 0) + 1
+        batch.spec_prev_plain_step = batch.spec_plain_step
+        batch.spec_plain_step = decision.num_steps == PLAIN
+
+    def observe_verify(self, num_correct_drafts_per_req: List[int]) -> None:
+        """A speculative step's result (rank-identical): drafts accepted per request."""
+        num_requests = len(num_correct_drafts_per_req)
+        self.pending.add_verify(
+            self.num_steps, sum(num_correct_drafts_per_req) + num_requests, num_requests
+        )
+
+    def get_state(self) -> Dict[str, object]:
+        return {
+            "policy": "auto",
+            "speculating": self.speculating,
+            "num_toggles": self.num_toggles,
+            "num_spec_steps": sum(n for (m, _), n in self.step_counts.items() if m == "spec"),
+            "num_plain_steps": sum(n for (m, _), n in self.step_counts.items() if m == "plain"),
+            "fold_interval": self.fold_interval,
+            **self.policy.get_state(),
+            "steps_by_reason": {
+                f"{mode}/{reason}": n for (mode, reason), n in self.step_counts.items()
+            },
         }

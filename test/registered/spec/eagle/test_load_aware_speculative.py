@@ -297,13 +297,12 @@ class TestLoadAwareTreeAtTheCrashingThresholdTP(
     extra_args = ["--tp-size", str(TP_SIZE)]
 
 
-@needs_multi_gpu
-class TestLoadAwareRampTreeTP(TestLoadAwareRampTree):
+class RanksAgreeMixin:
     """The ramp at tensor parallelism TP_SIZE: every rank must take the same decision
-    per step."""
+    per step (the switch lines of the server log, per rank)."""
 
     extra_args = ["--tp-size", str(TP_SIZE)]
-    server_log = os.path.join(tempfile.gettempdir(), "load_aware_tp_server.log")
+    min_switches = 2 * RampMixin.cycles
 
     def test_ranks_switch_at_the_same_steps(self):
         self.run_ramp()
@@ -320,9 +319,51 @@ class TestLoadAwareRampTreeTP(TestLoadAwareRampTree):
         print(f"[load-aware-tp{TP_SIZE}] switches per rank: {counts}")
         ranks = [f"TP{rank}" for rank in range(TP_SIZE)]
         self.assertEqual(sorted(switches), sorted(ranks))
-        self.assertGreaterEqual(len(switches["TP0"]), 2 * self.cycles)
+        self.assertGreaterEqual(len(switches["TP0"]), self.min_switches)
         for rank in ranks[1:]:
             self.assertEqual(switches[rank], switches["TP0"], rank)
+
+
+@needs_multi_gpu
+class TestLoadAwareRampTreeTP(RanksAgreeMixin, TestLoadAwareRampTree):
+    server_log = os.path.join(tempfile.gettempdir(), "load_aware_tp_server.log")
+
+
+class TestLoadAwareAutoRampTree(RampMixin, LoadAwareServerBase):
+    """--speculative-disable-batch-threshold auto on the ramp: every output is the
+    intended one while the server times both modes and picks the faster."""
+
+    disable_threshold = "auto"
+
+    def test_ramp_times_both_modes_and_serves_the_intended_tokens(self):
+        self.run_ramp()
+        after = scrape_metrics(self.base_url)
+        state = self.load_aware_state()
+        print(f"[load-aware-auto] state {state}")
+        self.assertEqual(state["policy"], "auto")
+        costs = state["step_costs_seconds"]
+        plain, spec = costs["0"], costs[str(self.spec["num_steps"])]
+        timed = [bs for bs in plain if plain[bs] is not None and spec[bs] is not None]
+        self.assertGreaterEqual(len(timed), 2, f"buckets timed in both modes: {timed}")
+        self.assertGreater(
+            metric_total(
+                after, "sglang:spec_decode_steps_total", reason="calibrate"
+            ),
+            0,
+        )
+        measured = state["accept_length"][str(self.spec["num_steps"])]
+        self.assertAlmostEqual(
+            measured, self.predicted_accept_length(), delta=0.2 * measured
+        )
+        self.assert_server_alive_and_idle_clean()
+
+
+@needs_multi_gpu
+class TestLoadAwareAutoRampTreeTP(RanksAgreeMixin, TestLoadAwareAutoRampTree):
+    """The ranks time their own steps but sum the times before deciding."""
+
+    min_switches = 1  # auto switches where the measured rates cross
+    server_log = os.path.join(tempfile.gettempdir(), "load_aware_auto_tp_server.log")
 
 
 class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):

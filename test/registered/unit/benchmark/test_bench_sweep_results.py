@@ -679,6 +679,8 @@ class TestBenchSweepResults(CustomTestCase):
                 "loadaware-topk1",
                 "loadaware-topk1-full-catch-up",
                 "loadaware-topk4",
+                "auto-topk1",
+                "auto-topk4",
                 "plain-topk1",
                 "plain-topk4",
                 "adaptive-topk1",
@@ -690,6 +692,13 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertFalse(
             any("SGLANG_ENABLE_SPEC_V2" in c.env for c in configs.values())
         )
+        # No threshold at all for auto, chain and tree.
+        for name in ("auto-topk1", "auto-topk4"):
+            flags = configs[name].extra_args
+            self.assertEqual(flags[flags.index("--speculative-disable-batch-threshold") + 1], "auto")
+            self.assertEqual(
+                self.bench.disable_threshold_of({"server_args": flags}), 1
+            )
         # Plain steps from batch 2 whatever --disable-threshold says, chain and tree.
         for name, spec in [
             ("plain-topk1", "EAGLE3_CHAIN"),

@@ -262,5 +262,36 @@ class TestAdaptiveZeroStepTier(CpuEngineTestBase):
         self.assert_engine_alive()
 
 
+class TestChainAutoOverlap(CpuEngineTestBase):
+    """--speculative-disable-batch-threshold auto: the engine times its own plain
+    and speculative steps (here on a CPU, eager) and runs the faster one."""
+
+    spec = EAGLE3_CHAIN
+    engine_args = dict(
+        speculative_disable_batch_threshold="auto",
+        speculative_load_aware_min_dwell_steps=0,
+    )
+    seed = 4
+
+    def test_times_both_modes_and_serves_the_intended_tokens(self):
+        outputs = self.run_mixed_batch(seed=1)
+        outputs.append(self.run_lone_request(seed=2))
+        state = self.load_aware_state()
+        print(f"[cpu-engine] {state}")
+        self.assertEqual(state["policy"], "auto")
+        plain, spec = state["step_costs_seconds"]["0"], state["step_costs_seconds"]["3"]
+        both = [bs for bs in plain if plain[bs] is not None and spec[bs] is not None]
+        self.assertTrue(both, "no batch bucket timed in both modes")
+        self.assertGreater(state["num_calibrations"], 0)
+        steps = state["steps_by_reason"]
+        self.assertGreater(sum(n for k, n in steps.items() if k.startswith("plain/")), 0)
+        self.assertGreater(sum(n for k, n in steps.items() if k.startswith("spec/")), 0)
+        predicted = expected_accept_length(DRAFT_ACCEPT, self.spec["num_steps"], 1)
+        self.assertAlmostEqual(
+            state["accept_length"]["3"], predicted, delta=0.25 * predicted
+        )
+        self.assert_engine_alive()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -70,6 +70,10 @@ class TestLoadAwareCli(CustomTestCase):
         with self.assertRaises(SystemExit):
             cli_namespace(["--model-path", "dummy", FLAG_N, "many"])
 
+    def test_auto_threshold_parses(self):
+        ns = cli_namespace(["--model-path", "dummy", FLAG_N, "auto"])
+        self.assertEqual(ns.speculative_disable_batch_threshold, "auto")
+
 
 class TestLoadAwareValidationPure(CustomTestCase):
     def assertRaisesNaming(self, args, *needles):
@@ -131,6 +135,28 @@ class TestLoadAwareValidationPure(CustomTestCase):
         for overrides, needles in cases:
             with self.subTest(**overrides):
                 self.assertRaisesNaming(default_args_namespace(**overrides), *needles)
+
+    def test_auto_takes_no_enable_threshold_nor_adaptive(self):
+        self.assertRaisesNaming(
+            default_args_namespace(
+                speculative_disable_batch_threshold="auto",
+                speculative_enable_batch_threshold=4,
+            ),
+            FLAG_M,
+            "auto",
+        )
+        self.assertRaisesNaming(
+            default_args_namespace(
+                speculative_disable_batch_threshold="auto", speculative_adaptive=True
+            ),
+            "auto",
+            "--speculative-adaptive",
+        )
+        self.assertRaisesNaming(
+            default_args_namespace(speculative_disable_batch_threshold="many"),
+            FLAG_N,
+            "auto",
+        )
 
     def test_unsupported_modes_are_named(self):
         base = dict(speculative_disable_batch_threshold=8)
@@ -259,6 +285,20 @@ class TestLoadAwareServerArgs(CustomTestCase):
         self.assertEqual(args.speculative_enable_batch_threshold, 18)
         self.assertEqual(args.speculative_load_aware_min_dwell_steps, 2)
         self.assertIsNone(args.max_running_requests)
+
+    def test_auto_from_the_command_line(self):
+        argv = ["--model-path", self.tmpdir.name, "--device", "cpu"]
+        argv += ["--skip-tokenizer-init", "--speculative-algorithm", "EAGLE3"]
+        argv += ["--speculative-draft-model-path", self.tmpdir.name]
+        argv += ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4"]
+        argv += ["--speculative-num-draft-tokens", "8", FLAG_N, "auto"]
+        args = ServerArgs.from_cli_args(cli_namespace(argv))
+        self.assertEqual(args.speculative_disable_batch_threshold, "auto")
+        self.assertIsNone(args.speculative_enable_batch_threshold)
+        self.assertIsNone(args.max_running_requests)
+        self.assertRefused(FLAG_N, "NGRAM", speculative_algorithm="NGRAM",
+                           speculative_draft_model_path=None,
+                           speculative_disable_batch_threshold="auto")
 
     def test_explicit_max_running_requests_kept(self):
         for threshold in (None, 16):

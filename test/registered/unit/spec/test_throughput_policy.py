@@ -5,17 +5,26 @@ Pure Python: no server, no model loading, no GPU. The cost tables are fixtures o
 shape a startup profile has (seconds per captured batch size), not measurements.
 """
 
+import threading
 import unittest
+from types import SimpleNamespace
+from typing import List
 
 from sglang.srt.speculative.throughput_policy import (
     PLAIN,
     REASON_BEST,
+    REASON_CALIBRATE,
     REASON_DWELL,
     REASON_MARGIN,
     REASON_PROBE,
     AcceptanceEstimate,
+    DecodeStepTimer,
+    PendingObservations,
     StepCosts,
     ThroughputPolicy,
+    ThroughputSpecPolicy,
+    parse_disable_batch_threshold,
+    power_of_two_buckets,
     chain_accept_length,
     fit_chain_acceptance,
 )
@@ -90,10 +99,17 @@ class TestStepCosts(CustomTestCase):
         self.assertEqual(table.estimate(PLAIN, 64), 0.016)
         self.assertEqual(table.estimate(3, 32), 0.028)
 
-    def test_no_online_refinement_where_ranks_would_disagree(self):
-        table = costs(refine_online=False)
-        table.observe(PLAIN, 32, 1.0)
-        self.assertEqual(table.estimate(PLAIN, 32), 0.013)
+    def test_unmeasured_until_the_first_sample_sets_it(self):
+        table = StepCosts.unmeasured([PLAIN, 3], [1, 8, 64], ema_alpha=0.5)
+        self.assertFalse(table.measured(PLAIN, 5))
+        self.assertIsNone(table.estimate(PLAIN, 5))
+        table.observe(PLAIN, 5, 0.012)
+        self.assertEqual(table.estimate(PLAIN, 8), 0.012)
+        table.observe(PLAIN, 8, 0.016)
+        self.assertAlmostEqual(table.estimate(PLAIN, 8), 0.014)
+        self.assertFalse(table.measured(3, 8))
+        self.assertFalse(table.measured(PLAIN, 64))
+        self.assertEqual(table.bucket(100), 64)
 
     def test_eager_batches_beyond_the_graphs_are_not_fed(self):
         table = costs(ema_alpha=1.0)
@@ -109,9 +125,12 @@ class TestAcceptanceEstimate(CustomTestCase):
     def test_plain_step_yields_one_token(self):
         self.assertEqual(AcceptanceEstimate([3], {3: 2.5}).expected(PLAIN), 1.0)
 
-    def test_ema_over_speculative_steps(self):
+    def test_first_observation_replaces_the_prior_then_an_ema(self):
         estimate = AcceptanceEstimate([3], {3: 1.0}, ema_alpha=0.5)
+        self.assertEqual(estimate.expected(3), 1.0)
         estimate.observe(3, num_tokens=30, num_requests=10)
+        self.assertAlmostEqual(estimate.expected(3), 3.0)
+        estimate.observe(3, num_tokens=10, num_requests=10)
         self.assertAlmostEqual(estimate.expected(3), 2.0)
 
     def test_unobserved_step_counts_follow_the_fitted_chain(self):
@@ -159,16 +178,42 @@ class TestThroughputPolicy(CustomTestCase):
             p.observe(3, 64, num_tokens=int(64 * 1.2))
         self.assertEqual(p.decide(64).num_steps, PLAIN)
 
-    def test_probes_bound_the_speculative_share_while_plain(self):
-        p = policy(min_dwell_steps=0, probe_interval=16)
-        modes = [p.decide(256) for _ in range(16 * 10)]
+    def test_probes_bound_the_other_modes_share(self):
+        p = policy(min_dwell_steps=0, probe_interval=16, explore_steps=2)
+        modes = [p.decide(256) for _ in range(18 * 10)]
         probes = [d for d in modes if d.reason == REASON_PROBE]
         self.assertTrue(all(d.num_steps == 3 for d in probes))
-        self.assertEqual(len(probes), 10)
         self.assertEqual(p.num_probes, 10)
+        self.assertEqual(len(probes), 2 * 10)
         # a probe refreshes the estimate that would otherwise go stale while plain
         p.observe(3, 256, num_tokens=256 * 4)
         self.assertGreater(p.acceptance.expected(3), 2.952)
+        # and speculating, the plain step's time
+        p = policy(min_dwell_steps=0, probe_interval=16, explore_steps=2)
+        probes = [d for d in (p.decide(1) for _ in range(180)) if d.reason == REASON_PROBE]
+        self.assertEqual({d.num_steps for d in probes}, {PLAIN})
+
+    def test_calibrates_an_unmeasured_mode_before_comparing(self):
+        costs = StepCosts.unmeasured([PLAIN, 3], SIZES)
+        p = ThroughputPolicy(
+            costs,
+            AcceptanceEstimate([3], {3: 2.952}),
+            min_dwell_steps=0,
+            explore_steps=3,
+            probe_interval=1000,
+        )
+        first = p.decide(256)  # neither timed: plain is calibrated, spec holds
+        self.assertEqual((first.num_steps, first.reason), (PLAIN, REASON_CALIBRATE))
+        self.assertEqual([p.decide(256).num_steps for _ in range(2)], [PLAIN, PLAIN])
+        # no time arrived yet: not calibrated again before probe_interval steps
+        self.assertEqual(p.decide(256), (3, REASON_CALIBRATE, True, 0.0))
+        costs.observe(PLAIN, 256, 0.035)
+        costs.observe(3, 256, 0.125)
+        decision = p.decide(256)
+        self.assertEqual((decision.num_steps, decision.reason), (PLAIN, REASON_BEST))
+        self.assertEqual(p.num_calibrations, 1)
+        # a new bucket is calibrated again
+        self.assertEqual(p.decide(1).reason, REASON_CALIBRATE)
 
     def test_picks_the_best_step_count(self):
         table = StepCosts(
@@ -194,8 +239,8 @@ class TestThroughputPolicy(CustomTestCase):
         state = p.get_state()
         self.assertEqual(state["num_toggles"], 3)
         self.assertEqual(state["step_costs_seconds"]["0"][32], 0.013)
-        self.assertAlmostEqual(state["accept_length"][3], 2.952)
-        self.assertEqual(state["expected_gain"], 0.0)  # plain at 256
+        self.assertAlmostEqual(state["accept_length"]["3"], 2.952)
+        self.assertLess(state["expected_gain"], 0)  # plain at 256
         self.assertEqual(p.step_counts[(3, REASON_BEST)], 2)
         self.assertGreater(p.decide(1).expected_gain, 0.5)
 
@@ -206,6 +251,151 @@ class TestThroughputPolicy(CustomTestCase):
             policy(probe_interval=0)
         with self.assertRaises(ValueError):
             policy().decide(0)
+
+
+class TestDecodeStepTimer(CustomTestCase):
+    def timer(self) -> DecodeStepTimer:
+        return DecodeStepTimer(StepCosts.unmeasured([PLAIN, 3], [1, 8, 64]).bucket)
+
+    def test_three_contiguous_launches_of_one_mode_give_one_interval(self):
+        timer = self.timer()
+        self.assertIsNone(timer.record(10, 1.00, 3, 5))
+        self.assertIsNone(timer.record(11, 1.02, 3, 6))
+        sample = timer.record(12, 1.05, 3, 7)  # same bucket (8)
+        self.assertEqual((sample.num_steps, sample.batch_size), (3, 7))
+        self.assertAlmostEqual(sample.seconds, 0.03)
+        self.assertAlmostEqual(timer.record(13, 1.09, 3, 8).seconds, 0.04)
+
+    def test_no_sample_across_a_prefill_a_mode_switch_or_a_bucket(self):
+        for second, third in [
+            ((11, 1.02, 3, 6), (13, 1.05, 3, 6)),  # a prefill ran as forward 12
+            ((11, 1.02, PLAIN, 6), (12, 1.05, PLAIN, 6)),  # the mode just changed
+            ((11, 1.02, 3, 6), (12, 1.05, 3, 9)),  # bucket 8 -> 64
+        ]:
+            timer = self.timer()
+            timer.record(10, 1.00, 3, 6)
+            timer.record(*second)
+            self.assertIsNone(timer.record(*third), (second, third))
+
+    def test_a_batch_that_did_not_run_again_is_not_counted_twice(self):
+        timer = self.timer()
+        for launch in [(10, 1.0, 3, 5), (11, 1.02, 3, 5), (12, 1.05, 3, 5)]:
+            timer.record(*launch)
+        self.assertIsNone(timer.record(12, 1.05, 3, 5))
+
+
+class TestThroughputSpecPolicy(CustomTestCase):
+    """The server-side policy on step launches as the scheduler records them."""
+
+    def spec_policy(self, reduce=list, fold_interval=1, **kwargs) -> ThroughputSpecPolicy:
+        return ThroughputSpecPolicy(
+            num_steps=3,
+            max_batch_size=256,
+            min_dwell_steps=0,
+            reduce=reduce,
+            fold_interval=fold_interval,
+            **kwargs,
+        )
+
+    def run_steps(self, policy, batch_size, num_steps, seconds, accept_length, clock):
+        """num_steps decode steps of a steady batch; each step's launch takes the
+        time of the mode the policy chose for it."""
+        batch = SimpleNamespace(
+            batch_size=lambda: batch_size,
+            forward_iter=None,
+            launch_ts=None,
+            spec_plain_step=False,
+            spec_prev_plain_step=False,
+        )
+        chosen = []
+        for _ in range(num_steps):
+            policy.plan_decode_step(batch)
+            plain = batch.spec_plain_step
+            chosen.append(plain)
+            clock["forward"] += 1
+            clock["t"] += seconds[PLAIN if plain else 3]
+            batch.forward_iter, batch.launch_ts = clock["forward"], clock["t"]
+            if not plain:
+                policy.observe_verify([round(accept_length) - 1] * batch_size)
+        return chosen
+
+    def test_learns_the_crossover_from_the_steps_it_times(self):
+        policy = self.spec_policy()
+        clock = {"forward": 0, "t": 0.0}
+        # batch 8: a speculative step (4 tokens per request) in 0.019 s beats a
+        # plain one in 0.011 s; batch 256, harder traffic: a speculative step (2
+        # tokens per request) in 0.125 s loses to a plain one in 0.035 s.
+        small = self.run_steps(policy, 8, 100, {PLAIN: 0.011, 3: 0.019}, 4, clock)
+        self.assertGreater(small[-50:].count(False), 45)
+        large = self.run_steps(policy, 256, 100, {PLAIN: 0.035, 3: 0.125}, 2, clock)
+        self.assertGreater(large[-50:].count(True), 45)
+        state = policy.get_state()
+        self.assertEqual(state["policy"], "auto")
+        self.assertAlmostEqual(state["step_costs_seconds"]["0"][256], 0.035)
+        self.assertAlmostEqual(state["step_costs_seconds"]["3"][8], 0.019)
+        self.assertLess(state["accept_length"]["3"], 3.5)  # plain since: stale
+        self.assertLess(state["expected_gain"], 0)
+        self.assertGreater(policy.step_counts[("plain", "best_throughput")], 40)
+        self.assertGreaterEqual(policy.num_toggles, 1)
+
+    def test_tp_ranks_decide_alike_from_different_local_timings(self):
+        """Two ranks whose clocks disagree by 30%: the step times are summed over
+        the ranks before either folds them, so their decisions stay identical."""
+        barrier = threading.Barrier(2)
+        exchange: List[List[float]] = [[], []]
+
+        def reduce_for(rank):
+            def reduce(values):
+                exchange[rank] = values
+                barrier.wait()
+                total = [a + b for a, b in zip(*exchange)]
+                barrier.wait()
+                return total
+
+            return reduce
+
+        decisions = [None, None]
+
+        def run(rank, scale):
+            policy = self.spec_policy(reduce=reduce_for(rank), fold_interval=4)
+            clock = {"forward": 0, "t": 0.0}
+            steps = []
+            for bs in (8, 256, 64, 8):
+                seconds = {PLAIN: 0.011 * scale * bs**0.3, 3: 0.019 * scale * bs**0.5}
+                steps += self.run_steps(policy, bs, 60, seconds, 4, clock)
+            decisions[rank] = (steps, policy.get_state()["step_costs_seconds"])
+
+        threads = [threading.Thread(target=run, args=(r, s)) for r, s in ((0, 1.0), (1, 1.3))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        self.assertEqual(decisions[0], decisions[1])
+        self.assertIn(True, decisions[0][0])
+        self.assertIn(False, decisions[0][0])
+
+    def test_observations_are_folded_only_every_fold_interval(self):
+        pending = PendingObservations([PLAIN, 3], [1, 8])
+        policy = ThroughputPolicy(
+            StepCosts.unmeasured([PLAIN, 3], [1, 8]), AcceptanceEstimate([3], {3: 1.0})
+        )
+        pending.add_step_time(PLAIN, 8, 0.010)
+        pending.add_step_time(PLAIN, 8, 0.014)
+        pending.add_verify(3, num_tokens=30, num_requests=10)
+        self.assertFalse(policy.costs.measured(PLAIN, 8))
+        pending.fold_into(policy, list)
+        self.assertAlmostEqual(policy.costs.estimate(PLAIN, 8), 0.012)
+        self.assertAlmostEqual(policy.acceptance.expected(3), 3.0)
+        pending.fold_into(policy, list)  # nothing new: unchanged
+        self.assertAlmostEqual(policy.costs.estimate(PLAIN, 8), 0.012)
+
+    def test_flag_values_and_buckets(self):
+        self.assertEqual(parse_disable_batch_threshold("auto"), "auto")
+        self.assertEqual(parse_disable_batch_threshold("16"), 16)
+        with self.assertRaises(ValueError):
+            parse_disable_batch_threshold("many")
+        self.assertEqual(power_of_two_buckets(48), [1, 2, 4, 8, 16, 32, 64])
+        self.assertEqual(power_of_two_buckets(1), [1])
 
 
 if __name__ == "__main__":
