@@ -74,12 +74,14 @@ import aiohttp
 import requests
 from sglang.test.spec_engine_utils import (
     EAGLE3_CHAIN,
+    acceptance_label,
     EAGLE3_TREE,
     cli_args,
     eagle3_args,
     running_server,
     synthetic_pair,
 )
+from sglang.test.synthetic_spec_models import load_spec, region_prompt
 from tqdm import tqdm
 
 # --speculative-adaptive-config of upstream-steps0-topk1 (0.5.17's
@@ -179,7 +181,9 @@ def build_configs(
             load_aware("loadaware-topk4", EAGLE3_TREE, {}, "eagle3-topk4"),
             # No threshold: each decode step runs the mode with the better expected
             # throughput, from the step times and acceptance the server measures.
-            load_aware("auto-topk1", EAGLE3_CHAIN, {}, "eagle3-topk1", threshold="auto"),
+            load_aware(
+                "auto-topk1", EAGLE3_CHAIN, {}, "eagle3-topk1", threshold="auto"
+            ),
             load_aware("auto-topk4", EAGLE3_TREE, {}, "eagle3-topk4", threshold="auto"),
             # The fork's plain step at every running batch >= 2 (a lone request
             # speculates), chain: its decode rate against nospec's and upstream's
@@ -326,6 +330,24 @@ class PromptSource:
 
     def take(self, num: int) -> List[List[int]]:
         return [next(self) for _ in range(num)]
+
+
+class ContentShiftPrompts(PromptSource):
+    """Prompts of a content-shift pair: for ``shift_after`` seconds from the first
+    one, prompts whose continuations the draft predicts well (region 0), then
+    ones it predicts badly (region 1)."""
+
+    def __init__(self, input_len: int, spec: dict, shift_after: float, seed: int = 0):
+        super().__init__(input_len, seed)
+        self.spec = spec
+        self.shift_after = shift_after
+        self.started: Optional[float] = None
+
+    def __next__(self) -> List[int]:
+        now = time.perf_counter()
+        self.started = self.started if self.started is not None else now
+        region = 0 if now - self.started < self.shift_after else 1
+        return region_prompt(self.spec, region, self.input_len, self.rng)
 
 
 async def closed_loop(
@@ -619,6 +641,9 @@ def run_config(
             save_with_decode_throughput(record)
         record["ramp"] = run_ramp(args, config, prompts)
         save_with_decode_throughput(record)
+        if args.content_shift:
+            record["content_shift"] = run_content_shift(args, config, target)
+            save_with_decode_throughput(record)
 
 
 def run_decode_rate(
@@ -1041,6 +1066,36 @@ def run_ramp(args, config: Config, prompts: PromptSource) -> dict:
     }
 
 
+def run_content_shift(args, config: Config, target: str) -> dict:
+    """--content-shift C: C clients, easy prompts for a phase, then hard ones for
+    another (a content-shift pair, --draft-accept P_easy,P_hard), args.repeats
+    times: the median total and per-phase tok/s, and the spread of the total."""
+    spec = load_spec(os.path.dirname(target))
+    phases = [args.content_shift] * 2
+    runs = [
+        ramp_rates(
+            args,
+            config,
+            ContentShiftPrompts(args.input_len, spec, args.ramp_phase_seconds, run),
+            phases,
+            run,
+        )
+        for run in range(args.repeats)
+    ]
+    return {
+        "config": config.name,
+        "concurrency": args.content_shift,
+        **median_with_spread(total for total, _ in runs),
+        "phases": [
+            {
+                "prompts": prompts,
+                "output_tok_s": statistics.median(r[i] for _, r in runs),
+            }
+            for i, prompts in enumerate(("easy", "hard"))
+        ],
+    }
+
+
 def ramp_rates(
     args, config: Config, prompts: PromptSource, phases: List[int], run: int
 ) -> Tuple[float, List[float]]:
@@ -1102,7 +1157,28 @@ def markdown_table(records: List[dict]) -> str:
         + "\n\nCells: output tok/s, median of the repeats [min-max] (share of decode"
         + " steps that speculated); -: not measured (a run cut off).\n"
         + repeated_prompts_note(records)
+        + content_shift_table(records)
     )
+
+
+def content_shift_table(records: List[dict]) -> str:
+    shifted = [r for r in records if "content_shift" in r]
+    if not shifted:
+        return ""
+    lines = [
+        "\nContent shift (--content-shift): output tok/s of C clients, easy prompts "
+        "then hard ones, one phase each; median of the repeats [min-max]:\n",
+        "| config | C | total | easy phase | hard phase |",
+        "|---|---|---|---|---|",
+    ]
+    for record in shifted:
+        shift = record["content_shift"]
+        easy, hard = (p["output_tok_s"] for p in shift["phases"])
+        lines.append(
+            f"| {record['config']} | {shift['concurrency']} | "
+            f"{rate_with_spread(shift)} | {easy:.0f} | {hard:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def repeated_prompts_note(records: List[dict]) -> str:
@@ -1621,7 +1697,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         default="tiny",
         help="synthetic model preset (sglang.test.synthetic_spec_models)",
     )
-    parser.add_argument("--draft-accept", type=float, default=0.8)
+    parser.add_argument(
+        "--draft-accept",
+        type=draft_accept_arg,
+        default=0.8,
+        help="the pair's draft acceptance P, or P_easy,P_hard: a content-shift pair",
+    )
     parser.add_argument(
         "--configs",
         default="nospec,eagle3-topk1,eagle3-topk4,loadaware-topk1,loadaware-topk4,upstream-adaptive-topk1",
@@ -1714,7 +1795,9 @@ def with_suggested_threshold(args, config: Config) -> Config:
     return build_configs(args.disable_threshold, {config.name: threshold})[config.name]
 
 
-def generated_pair(preset: str, draft_accept: float) -> Tuple[str, str]:
+def generated_pair(
+    preset: str, draft_accept: Union[float, Tuple[float, ...]]
+) -> Tuple[str, str]:
     """synthetic_pair, generated in a child process where missing: generating on the
     GPU leaves a CUDA context (~0.5 GB) in the process that did it, which the servers
     started next would then lose from their KV pool."""
@@ -1725,7 +1808,14 @@ def generated_pair(preset: str, draft_accept: float) -> Tuple[str, str]:
 
 def model_name(args) -> str:
     tp = f"-tp{args.tp_size}" if args.tp_size > 1 else ""
-    return f"{args.preset}-p{args.draft_accept}{tp}"
+    return f"{args.preset}-p{acceptance_label(args.draft_accept)}{tp}"
+
+
+def draft_accept_arg(text: str) -> Union[float, Tuple[float, ...]]:
+    acceptances = tuple(float(p) for p in text.split(","))
+    if len(acceptances) > 2:
+        raise argparse.ArgumentTypeError("one P, or P_easy,P_hard")
+    return acceptances[0] if len(acceptances) == 1 else acceptances
 
 
 def parse_args() -> argparse.Namespace:
@@ -1780,6 +1870,13 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--ramp-phase-seconds", type=float, default=10.0)
     parser.add_argument(
+        "--content-shift",
+        type=int,
+        metavar="C",
+        help="after the ramp: C clients on easy prompts for a ramp phase, then on "
+        "hard ones (needs --draft-accept P_easy,P_hard)",
+    )
+    parser.add_argument(
         "--render",
         metavar="RESULTS_DIR",
         help="only rewrite summary.json, results.md and the plot from RESULTS_DIR/raw.json",
@@ -1794,6 +1891,10 @@ def main() -> None:
             write_results(args.render, json.load(f)["records"])
         return
     configs = selected_configs(args)
+    if args.content_shift and not isinstance(args.draft_accept, tuple):
+        sys.exit(
+            "--content-shift needs a content-shift pair: --draft-accept P_easy,P_hard"
+        )
     target, draft = generated_pair(args.preset, args.draft_accept)
     header = describe_run(model_name(args))
     out_dir = results_dir(args)

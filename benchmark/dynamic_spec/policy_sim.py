@@ -215,7 +215,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         help="per-token acceptance of the draft over time (with --costs): 0.9, or "
         "0.9x10,0.5x10 (p for seconds)",
     )
-    parser.add_argument("--phases", help="the workload, e.g. 1x2,64x4 (batch x seconds)")
+    parser.add_argument(
+        "--phases", help="the workload, e.g. 1x2,64x4 (batch x seconds)"
+    )
     parser.add_argument("--policies", default="nospec,always,auto")
     parser.add_argument(
         "--prior-accept-length",

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import types
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 SYNTHETIC_MODELS_DIR_ENV = "SGLANG_SYNTHETIC_MODELS_DIR"
 # The checkout this module lies in (python/sglang/test/ -> the repository root).
@@ -69,9 +69,16 @@ def tiny_llama_config_dir() -> tempfile.TemporaryDirectory:
     return tmpdir
 
 
+def acceptance_label(draft_accept) -> str:
+    """0.95, or 0.95-0.3 for a content-shift pair's regions."""
+    if isinstance(draft_accept, (int, float)):
+        return str(draft_accept)
+    return "-".join(str(p) for p in draft_accept)
+
+
 def synthetic_pair(
     preset: str = "tiny",
-    draft_accept: float = 0.8,
+    draft_accept: Union[float, Tuple[float, ...]] = 0.8,
     seed: int = 0,
     draft_kv_check: bool = False,
 ) -> Tuple[str, str]:
@@ -87,7 +94,9 @@ def synthetic_pair(
         tempfile.gettempdir(), "sglang-synthetic"
     )
     variant = "-kvcheck" if draft_kv_check else ""
-    out_dir = os.path.join(root, f"{preset}-p{draft_accept}-s{seed}{variant}")
+    out_dir = os.path.join(
+        root, f"{preset}-p{acceptance_label(draft_accept)}-s{seed}{variant}"
+    )
     if not os.path.isfile(os.path.join(out_dir, SPEC_FILE)):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         generate(

@@ -31,6 +31,13 @@ start of a random segment at a cut. ``pi`` is thus a single cycle over ``H``
 (generation never revisits a token within ``n`` steps), and every other token
 (cold or special) maps to a random hot token.
 
+A content-shift pair (``--draft-accept P1,P2,...``) splits the sorted cycle into
+equal consecutive regions, each cut and shuffled into a cycle of its own with its
+own ``P``: a continuation stays in the region its prompt's last token belongs to
+(``region_prompt``), so the acceptance of a request is set by its prompt, and a
+workload can move from easy to hard prompts mid-run. The spec file lists the
+regions' tokens (``region_tokens``).
+
 Weights
 -------
 Every token ``x`` gets a code ``u_x``: a unit vector in the first
@@ -134,11 +141,15 @@ import dataclasses
 import json
 import math
 import os
+import random
 import zlib
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from safetensors.torch import save_file
+
+# The draft acceptance P, or one P per region of a content-shift pair.
+DraftAccept = Union[float, Sequence[float]]
 
 NUM_SPECIAL_TOKENS = 3
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
@@ -245,11 +256,13 @@ ARCHITECTURES = {
 
 @dataclasses.dataclass
 class TokenMap:
-    """pi (target greedy map), s (draft successor, -1 off the cycle), hot ids."""
+    """pi (target greedy map), s (draft successor, -1 off the cycle), hot ids, and
+    the cycle tokens of each acceptance region."""
 
     next_token: torch.Tensor
     successor: torch.Tensor
     hot_token_ids: torch.Tensor
+    region_tokens: List[torch.Tensor]
 
 
 def expected_accept_length(p: float, num_steps: int, topk: int = 1) -> float:
@@ -258,23 +271,47 @@ def expected_accept_length(p: float, num_steps: int, topk: int = 1) -> float:
     return sum(p**i for i in range(num_steps + 1))
 
 
+def region_acceptances(draft_accept: DraftAccept) -> List[float]:
+    """The acceptance of each region: one, or one per region of a content-shift pair."""
+    if isinstance(draft_accept, (int, float)):
+        return [float(draft_accept)]
+    return [float(p) for p in draft_accept]
+
+
 def build_token_map(
-    vocab_size: int, draft_vocab_size: int, draft_accept: float, seed: int
+    vocab_size: int, draft_vocab_size: int, draft_accept: DraftAccept, seed: int
 ) -> TokenMap:
-    if not 0.0 <= draft_accept <= 1.0:
-        raise ValueError(f"draft_accept must be in [0, 1], got {draft_accept}")
+    acceptances = region_acceptances(draft_accept)
+    for p in acceptances:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"draft_accept must be in [0, 1], got {p}")
     if not NUM_SPECIAL_TOKENS < draft_vocab_size <= vocab_size:
         raise ValueError(f"bad draft_vocab_size {draft_vocab_size}")
     gen = torch.Generator().manual_seed(seed)
     hot = _choose_hot_tokens(vocab_size, draft_vocab_size, gen)
     cycle = hot[hot >= NUM_SPECIAL_TOKENS]
     n = cycle.numel()
-    next_pos = _cut_and_shuffle_cycle(n, draft_accept, gen)
+    regions = list(cycle.tensor_split(len(acceptances)))
+    next_pos = torch.cat(
+        [
+            start + _cut_and_shuffle_cycle(len(region), p, gen)
+            for start, region, p in zip(_starts(regions), regions, acceptances)
+        ]
+    )
     next_token = cycle[torch.randint(0, n, (vocab_size,), generator=gen)]
     next_token[cycle] = cycle[next_pos]
     successor = torch.full((vocab_size,), -1, dtype=torch.long)
-    successor[cycle] = cycle.roll(-1)
-    return TokenMap(next_token, successor, hot)
+    for region in regions:
+        successor[region] = region.roll(-1)
+    return TokenMap(next_token, successor, hot, regions)
+
+
+def _starts(regions: Sequence[torch.Tensor]) -> List[int]:
+    starts, total = [], 0
+    for region in regions:
+        starts.append(total)
+        total += len(region)
+    return starts
 
 
 def _choose_hot_tokens(
@@ -320,6 +357,16 @@ def greedy_continuation(
         last = next_token[last]
         out.append(last)
     return out
+
+
+def region_prompt(
+    spec: dict, region: int, prompt_len: int, rng: random.Random
+) -> List[int]:
+    """A prompt of random hot tokens whose continuation stays in ``region`` of a
+    content-shift pair (its last token is one of the region's)."""
+    regions = spec["region_tokens"]
+    body = [rng.choice(rng.choice(regions)) for _ in range(prompt_len - 1)]
+    return body + [rng.choice(regions[region])]
 
 
 def load_spec(out_dir: str) -> dict:
@@ -792,13 +839,18 @@ def _write_spec(
     preset: str,
     p: Preset,
     num_layers: int,
-    draft_accept: float,
+    draft_accept: DraftAccept,
     seed: int,
     tmap: TokenMap,
     kv_check: bool,
 ) -> None:
-    # The key is absent by default so that default outputs keep their bytes.
+    # The keys are absent by default so that default outputs keep their bytes.
     extra = {"draft_kv_check": True} if kv_check else {}
+    acceptances = region_acceptances(draft_accept)
+    if len(acceptances) > 1:
+        extra["region_tokens"] = [r.tolist() for r in tmap.region_tokens]
+        draft_accept = acceptances
+    first = acceptances[0]
     _write_json(
         os.path.join(out_dir, SPEC_FILE),
         {
@@ -811,9 +863,9 @@ def _write_spec(
             "draft_vocab_size": tmap.hot_token_ids.numel(),
             "target_logit_scale": TARGET_LOGIT_SCALE,
             "target_min_margin": TARGET_MIN_MARGIN,
-            "expected_accept_length": {
-                "topk1_steps3": expected_accept_length(draft_accept, 3, 1),
-                "topk4_steps2": expected_accept_length(draft_accept, 2, 4),
+            "expected_accept_length": {  # of the first region
+                "topk1_steps3": expected_accept_length(first, 3, 1),
+                "topk4_steps2": expected_accept_length(first, 2, 4),
             },
             "next_token": tmap.next_token.tolist(),
             "draft_successor": tmap.successor.tolist(),
@@ -824,7 +876,7 @@ def _write_spec(
 def generate(
     preset: str,
     out_dir: str,
-    draft_accept: float,
+    draft_accept: DraftAccept,
     seed: int = 0,
     device: str = "cpu",
     draft_vocab_size: Optional[int] = None,
@@ -835,6 +887,7 @@ def generate(
 
     ``draft_kv_check`` selects the draft variant whose proposals need a valid
     draft KV cache at the previous position (see the module docstring).
+    ``draft_accept`` as a sequence makes a content-shift pair (module docstring).
     """
     p = PRESETS[preset]
     num_layers = num_layers or p.num_layers
@@ -864,7 +917,13 @@ def generate(
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
-    parser.add_argument("--draft-accept", type=float, required=True)
+    parser.add_argument(
+        "--draft-accept",
+        type=lambda text: [float(p) for p in text.split(",")],
+        required=True,
+        help="P, or P1,P2,... for a content-shift pair: one region of the token "
+        "cycle per P, a continuation stays in the region its prompt ends in",
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
@@ -880,10 +939,11 @@ def _parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = _parse_args()
+    acceptances = args.draft_accept
     target_dir, draft_dir = generate(
         args.preset,
         args.out,
-        args.draft_accept,
+        acceptances[0] if len(acceptances) == 1 else acceptances,
         args.seed,
         args.device,
         args.draft_vocab_size,
@@ -892,12 +952,11 @@ def main() -> None:
     )
     print(f"target: {target_dir}")
     print(f"draft: {draft_dir}")
-    print(
-        f"expected accept length (topk 1, 3 steps): {expected_accept_length(args.draft_accept, 3, 1):.4f}"
-    )
-    print(
-        f"expected accept length (topk 4, 2 steps): {expected_accept_length(args.draft_accept, 2, 4):.4f}"
-    )
+    for p in acceptances:
+        print(
+            f"P={p}: expected accept length {expected_accept_length(p, 3, 1):.4f} "
+            f"(topk 1, 3 steps), {expected_accept_length(p, 2, 4):.4f} (topk 4, 2 steps)"
+        )
 
 
 if __name__ == "__main__":

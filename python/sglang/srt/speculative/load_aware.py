@@ -161,9 +161,7 @@ class TargetDecodeGraphs:
         try:
             yield
         finally:
-            model_runner.attn_backend, model_runner.decode_cuda_graph_runner = (
-                installed
-            )
+            model_runner.attn_backend, model_runner.decode_cuda_graph_runner = installed
 
 
 def plain_steps_write_kv_only(draft_model: torch.nn.Module) -> bool:

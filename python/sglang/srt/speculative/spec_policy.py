@@ -309,7 +309,11 @@ def threshold_error(
             return (
                 "--speculative-enable-batch-threshold requires "
                 "--speculative-disable-batch-threshold N"
-                + (" (auto chooses when to speculate)" if disable_batch_threshold else "")
+                + (
+                    " (auto chooses when to speculate)"
+                    if disable_batch_threshold
+                    else ""
+                )
             )
         return None
     if isinstance(disable_batch_threshold, str):

@@ -129,7 +129,9 @@ class StepCosts:
         if batch_size > self.batch_sizes[-1]:
             return
         row, i = self._seconds[mode], self.batch_sizes.index(self.bucket(batch_size))
-        row[i] = seconds if row[i] is None else row[i] + self.ema_alpha * (seconds - row[i])
+        row[i] = (
+            seconds if row[i] is None else row[i] + self.ema_alpha * (seconds - row[i])
+        )
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {
@@ -452,7 +454,10 @@ class PendingObservations:
         flat = reduce(self._seconds + self._steps + self._tokens + self._requests)
         cells = len(self._seconds)
         seconds, steps = flat[:cells], flat[cells : 2 * cells]
-        tokens, requests = flat[2 * cells :][: len(self.modes)], flat[-len(self.modes) :]
+        tokens, requests = (
+            flat[2 * cells :][: len(self.modes)],
+            flat[-len(self.modes) :],
+        )
         self._clear()
         for m, mode in enumerate(self.modes):
             if requests[m] > 0:
@@ -538,7 +543,9 @@ class ThroughputSpecPolicy:
             )
             if sample is not None:
                 self.pending.add_step_time(
-                    sample.num_steps, self.timer.bucket(sample.batch_size), sample.seconds
+                    sample.num_steps,
+                    self.timer.bucket(sample.batch_size),
+                    sample.seconds,
                 )
         self._plans += 1
         if self._plans % self.fold_interval == 0:
@@ -572,8 +579,12 @@ class ThroughputSpecPolicy:
             "policy": "auto",
             "speculating": self.speculating,
             "num_toggles": self.num_toggles,
-            "num_spec_steps": sum(n for (m, _), n in self.step_counts.items() if m == "spec"),
-            "num_plain_steps": sum(n for (m, _), n in self.step_counts.items() if m == "plain"),
+            "num_spec_steps": sum(
+                n for (m, _), n in self.step_counts.items() if m == "spec"
+            ),
+            "num_plain_steps": sum(
+                n for (m, _), n in self.step_counts.items() if m == "plain"
+            ),
             "fold_interval": self.fold_interval,
             **self.policy.get_state(),
             "steps_by_reason": {

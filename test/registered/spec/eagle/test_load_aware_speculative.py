@@ -346,9 +346,7 @@ class TestLoadAwareAutoRampTree(RampMixin, LoadAwareServerBase):
         timed = [bs for bs in plain if plain[bs] is not None and spec[bs] is not None]
         self.assertGreaterEqual(len(timed), 2, f"buckets timed in both modes: {timed}")
         self.assertGreater(
-            metric_total(
-                after, "sglang:spec_decode_steps_total", reason="calibrate"
-            ),
+            metric_total(after, "sglang:spec_decode_steps_total", reason="calibrate"),
             0,
         )
         measured = state["accept_length"][str(self.spec["num_steps"])]
@@ -465,9 +463,7 @@ class MatrixMixin:
             self.assertEqual(out["meta_info"]["finish_reason"]["type"], "stop")
         self.assert_server_alive_and_idle_clean()
 
-    def first_four_digit_position(
-        self, prompt: List[int], start: int
-    ) -> Optional[int]:
+    def first_four_digit_position(self, prompt: List[int], start: int) -> Optional[int]:
         continuation = self.intended(prompt, 64)
         return next((k for k in range(start, 64) if continuation[k - 1] >= 1000), None)
 
@@ -486,7 +482,9 @@ class ChainMixin:
     spec = EAGLE3_CHAIN
 
 
-class TestLoadAwareChainAtTheThreshold(ChainMixin, TestLoadAwareTreeAtTheCrashingThreshold):
+class TestLoadAwareChainAtTheThreshold(
+    ChainMixin, TestLoadAwareTreeAtTheCrashingThreshold
+):
     pass
 
 

@@ -35,7 +35,6 @@ SUMMARY_POINT_KEYS = {
 }
 
 
-
 class TestBenchSweepResults(CustomTestCase):
     @classmethod
     def setUpClass(cls):
@@ -695,10 +694,10 @@ class TestBenchSweepResults(CustomTestCase):
         # No threshold at all for auto, chain and tree.
         for name in ("auto-topk1", "auto-topk4"):
             flags = configs[name].extra_args
-            self.assertEqual(flags[flags.index("--speculative-disable-batch-threshold") + 1], "auto")
             self.assertEqual(
-                self.bench.disable_threshold_of({"server_args": flags}), 1
+                flags[flags.index("--speculative-disable-batch-threshold") + 1], "auto"
             )
+            self.assertEqual(self.bench.disable_threshold_of({"server_args": flags}), 1)
         # Plain steps from batch 2 whatever --disable-threshold says, chain and tree.
         for name, spec in [
             ("plain-topk1", "EAGLE3_CHAIN"),
@@ -1102,7 +1101,12 @@ class TestBenchSweepResults(CustomTestCase):
             return {"output_tok_s": 1.0}
 
         args = argparse.Namespace(
-            url="u", concurrency=[1, 8], ramp=[1], input_len=4, bench_serving=True
+            url="u",
+            concurrency=[1, 8],
+            ramp=[1],
+            input_len=4,
+            bench_serving=True,
+            content_shift=None,
         )
         saved = []
         with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
@@ -1475,6 +1479,34 @@ class TestBenchSweepResults(CustomTestCase):
             "| loadaware-topk4 | 0.95 at C=1 missed | 0.95 at C=8 missed | - | 1.00 met |",
             table,
         )
+
+    def test_content_shift_prompts_move_from_the_easy_region_to_the_hard(self):
+        spec = {"region_tokens": [[10, 11, 12], [20, 21, 22]]}
+        prompts = self.bench.ContentShiftPrompts(5, spec, shift_after=0.2)
+        easy = prompts.take(3)
+        time.sleep(0.25)
+        hard = prompts.take(3)
+        self.assertTrue(all(p[-1] in (10, 11, 12) for p in easy))
+        self.assertTrue(all(p[-1] in (20, 21, 22) for p in hard))
+        self.assertTrue(all(len(p) == 5 for p in easy + hard))
+        self.assertEqual(self.bench.draft_accept_arg("0.95,0.3"), (0.95, 0.3))
+        self.assertEqual(self.bench.draft_accept_arg("0.9"), 0.9)
+        record = {
+            "config": "auto-topk1",
+            "content_shift": {
+                "concurrency": 32,
+                "output_tok_s": 900.0,
+                "output_tok_s_min": 880.0,
+                "output_tok_s_max": 910.0,
+                "phases": [
+                    {"prompts": "easy", "output_tok_s": 1200.0},
+                    {"prompts": "hard", "output_tok_s": 600.0},
+                ],
+            },
+        }
+        table = self.bench.content_shift_table([record, {"config": "nospec"}])
+        self.assertIn("| auto-topk1 | 32 | 900 [880-910] | 1200 | 600 |", table)
+        self.assertEqual(self.bench.content_shift_table([{"config": "nospec"}]), "")
 
 
 if __name__ == "__main__":

@@ -284,7 +284,9 @@ class TestChainAutoOverlap(CpuEngineTestBase):
         self.assertTrue(both, "no batch bucket timed in both modes")
         self.assertGreater(state["num_calibrations"], 0)
         steps = state["steps_by_reason"]
-        self.assertGreater(sum(n for k, n in steps.items() if k.startswith("plain/")), 0)
+        self.assertGreater(
+            sum(n for k, n in steps.items() if k.startswith("plain/")), 0
+        )
         self.assertGreater(sum(n for k, n in steps.items() if k.startswith("spec/")), 0)
         predicted = expected_accept_length(DRAFT_ACCEPT, self.spec["num_steps"], 1)
         self.assertAlmostEqual(

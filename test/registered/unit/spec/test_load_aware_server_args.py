@@ -296,9 +296,13 @@ class TestLoadAwareServerArgs(CustomTestCase):
         self.assertEqual(args.speculative_disable_batch_threshold, "auto")
         self.assertIsNone(args.speculative_enable_batch_threshold)
         self.assertIsNone(args.max_running_requests)
-        self.assertRefused(FLAG_N, "NGRAM", speculative_algorithm="NGRAM",
-                           speculative_draft_model_path=None,
-                           speculative_disable_batch_threshold="auto")
+        self.assertRefused(
+            FLAG_N,
+            "NGRAM",
+            speculative_algorithm="NGRAM",
+            speculative_draft_model_path=None,
+            speculative_disable_batch_threshold="auto",
+        )
 
     def test_explicit_max_running_requests_kept(self):
         for threshold in (None, 16):

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import random
 import tempfile
 import unittest
 from typing import Dict, List, Optional, Tuple
@@ -405,6 +406,33 @@ class TestSyntheticSpecModels(CustomTestCase):
                     (q * k).sum().item(),
                     delta=1e-3 * head_dim,
                 )
+
+    def test_content_shift_pair_keeps_each_continuation_in_its_region(self) -> None:
+        acceptances = (0.95, 0.3)
+        tmap = ssm.build_token_map(4096, 1024, acceptances, seed=3)
+        regions = [set(r.tolist()) for r in tmap.region_tokens]
+        self.assertEqual(len(regions), 2)
+        self.assertFalse(regions[0] & regions[1])
+        nt, succ = tmap.next_token, tmap.successor
+        for region, p in zip(tmap.region_tokens, acceptances):
+            inside = set(region.tolist())
+            self.assertTrue(set(nt[region].tolist()) <= inside)
+            self.assertTrue(set(succ[region].tolist()) <= inside)
+            agree = (nt[region] == succ[region]).float().mean().item()
+            self.assertAlmostEqual(agree, p, delta=0.01)
+        out = os.path.join(self._tmp.name, "shift")
+        ssm.generate("tiny", out, draft_accept=acceptances, seed=1)
+        spec = ssm.load_spec(out)
+        self.assertEqual(spec["draft_accept"], list(acceptances))
+        rng = random.Random(0)
+        for region in (0, 1):
+            prompt = ssm.region_prompt(spec, region, 16, rng)
+            continuation = ssm.greedy_continuation(spec["next_token"], prompt, 64)
+            self.assertTrue(set(continuation) <= set(spec["region_tokens"][region]))
+        # One P: the map of a single region, as before.
+        single = ssm.build_token_map(4096, 1024, 0.95, seed=3)
+        self.assertEqual(len(single.region_tokens), 1)
+        self.assertNotIn("region_tokens", self.spec)
 
     def test_default_bytes_unchanged(self) -> None:
         """Default outputs are pinned (digest taken before --draft-kv-check existed)."""

@@ -190,7 +190,9 @@ class TestThroughputPolicy(CustomTestCase):
         self.assertGreater(p.acceptance.expected(3), 2.952)
         # and speculating, the plain step's time
         p = policy(min_dwell_steps=0, probe_interval=16, explore_steps=2)
-        probes = [d for d in (p.decide(1) for _ in range(180)) if d.reason == REASON_PROBE]
+        probes = [
+            d for d in (p.decide(1) for _ in range(180)) if d.reason == REASON_PROBE
+        ]
         self.assertEqual({d.num_steps for d in probes}, {PLAIN})
 
     def test_calibrates_an_unmeasured_mode_before_comparing(self):
@@ -287,7 +289,9 @@ class TestDecodeStepTimer(CustomTestCase):
 class TestThroughputSpecPolicy(CustomTestCase):
     """The server-side policy on step launches as the scheduler records them."""
 
-    def spec_policy(self, reduce=list, fold_interval=1, **kwargs) -> ThroughputSpecPolicy:
+    def spec_policy(
+        self, reduce=list, fold_interval=1, **kwargs
+    ) -> ThroughputSpecPolicy:
         return ThroughputSpecPolicy(
             num_steps=3,
             max_batch_size=256,
@@ -365,7 +369,9 @@ class TestThroughputSpecPolicy(CustomTestCase):
                 steps += self.run_steps(policy, bs, 60, seconds, 4, clock)
             decisions[rank] = (steps, policy.get_state()["step_costs_seconds"])
 
-        threads = [threading.Thread(target=run, args=(r, s)) for r, s in ((0, 1.0), (1, 1.3))]
+        threads = [
+            threading.Thread(target=run, args=(r, s)) for r, s in ((0, 1.0), (1, 1.3))
+        ]
         for t in threads:
             t.start()
         for t in threads:
