@@ -342,6 +342,33 @@ def threshold_error(
     return None
 
 
+def plain_decode_graph_reserve_mb(server_args: ServerArgs) -> float:
+    """GPU memory (MB) of the plain step's own DECODE attention backend and CUDA
+    graphs (load_aware.TargetDecodeGraphs), counted as
+    ``ServerArgs.reserve_for_graph_mb`` counts the decode graphs: a server whose
+    decode steps can run plain (a threshold, or adaptive tiers that may hold 0
+    draft steps) captures a second decode family after the KV pool is sized."""
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    if (
+        server_args.speculative_disable_batch_threshold is None
+        and not server_args.speculative_adaptive
+    ):
+        return 0.0
+    reserved = 0.0
+    decode = server_args.cuda_graph_config.decode
+    if decode.backend != Backend.DISABLED:
+        reserved += decode.max_bs * 2
+    decode_backend = (
+        server_args.decode_attention_backend or server_args.attention_backend
+    )
+    if decode_backend in ("flashinfer", None):  # None: chosen later, maybe flashinfer
+        # A fresh backend gets a workspace of its own (fresh_attention_backend).
+        reserved += envs.SGLANG_FLASHINFER_WORKSPACE_SIZE.get() / (1 << 20)
+    return reserved
+
+
 def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
     """Why load-aware speculation cannot run with these args, or None.
 

@@ -16,6 +16,7 @@ from sglang.srt.speculative.spec_policy import (
     SpecPolicy,
     default_enable_batch_threshold,
     load_aware_unsupported_reason,
+    plain_decode_graph_reserve_mb,
     resolve_load_aware_server_args,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -303,6 +304,27 @@ class TestLoadAwareServerArgs(CustomTestCase):
             speculative_draft_model_path=None,
             speculative_disable_batch_threshold="auto",
         )
+
+    def test_the_plain_decode_graphs_are_in_the_memory_reserve(self):
+        """A second DECODE graph family (and, on flashinfer, its workspace) is
+        captured after the KV pool is sized: the reserve that sizes it counts them."""
+        without = self.make(attention_backend="triton")
+        plain_graphs = without.cuda_graph_config.decode.max_bs * 2
+        for kwargs, extra in [
+            (dict(speculative_disable_batch_threshold=16), plain_graphs),
+            (dict(speculative_disable_batch_threshold="auto"), plain_graphs),
+            (dict(speculative_adaptive=True), plain_graphs),
+        ]:
+            args = self.make(attention_backend="triton", **kwargs)
+            self.assertEqual(plain_decode_graph_reserve_mb(args), extra, kwargs)
+            self.assertEqual(
+                args.reserve_for_graph_mb(), without.reserve_for_graph_mb() + extra
+            )
+        self.assertEqual(plain_decode_graph_reserve_mb(without), 0)
+        flashinfer = self.make(
+            attention_backend="flashinfer", speculative_disable_batch_threshold=16
+        )
+        self.assertEqual(plain_decode_graph_reserve_mb(flashinfer), plain_graphs + 384)
 
     def test_explicit_max_running_requests_kept(self):
         for threshold in (None, 16):
