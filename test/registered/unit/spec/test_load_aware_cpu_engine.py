@@ -1,9 +1,11 @@
 """Load-aware speculation end to end on a CPU: an EAGLE-3 ``sglang.Engine`` on the
 synthetic pair (sglang.test.cpu_spec_engine), one engine per class.
 
-Each class runs mixed-length concurrent requests (all but the longest end during
-plain steps) and a lone request; the threshold classes also a long request that
-other requests push to plain steps and back every few steps. Every output is
+The threshold and adaptive classes run mixed-length concurrent requests (all but
+the longest end during plain steps) and a lone request; the threshold classes also
+a long request that other requests push to plain steps and back every few steps.
+One class runs a KV pool too small for its requests (retractions) while some of
+them are aborted, one the ``auto`` policy. Every output is
 compared token for token with the synthetic target's greedy continuation. The
 draft is the KV-check variant: it proposes right only if the draft KV at the
 previous position is what the draft writes there, so a stale draft KV where the
@@ -39,7 +41,7 @@ from sglang.test.synthetic_spec_models import (
 )
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=150, suite="base-a-test-cpu")
+register_cpu_ci(est_time=330, suite="base-a-test-cpu")
 
 DRAFT_ACCEPT = 0.8
 PROMPT_LEN = 16
@@ -260,6 +262,64 @@ class TestAdaptiveZeroStepTier(CpuEngineTestBase):
         self.assertEqual(plain_step_tokens(out["meta_info"]), 0)
         self.assert_accept_length_predicted([out])
         self.assert_engine_alive()
+
+
+class TestChainThresholdKVPressureAndAborts(CpuEngineTestBase):
+    """Threshold 2 with a KV pool a third of what the requests need: the scheduler
+    retracts requests in both modes and across switches, while some requests are
+    aborted mid-generation; the rest still get the intended tokens, the aborted
+    ones a prefix of them, and no KV slot leaks (the idle check)."""
+
+    spec = EAGLE3_CHAIN
+    engine_args = dict(
+        ThresholdTests.engine_args, max_total_tokens=640, schedule_conservativeness=0.05
+    )
+    seed = 5
+    num_requests = 16
+    output_len = 96
+    aborted = (1, 6, 11)
+
+    def test_retractions_and_aborts_keep_the_other_requests_intended(self):
+        prompts = self.prompts(self.num_requests, seed=1)
+        outputs = self.engine.loop.run_until_complete(self.generate_and_abort(prompts))
+        kept = [i for i in range(self.num_requests) if i not in self.aborted]
+        for i, out in enumerate(outputs):
+            print(
+                f"[cpu-engine] request {i}: {len(out['output_ids'])} tokens, {out['meta_info']['finish_reason']}, {out['meta_info'].get('num_retractions')} retractions"
+            )
+        self.assert_outputs_intended(
+            [prompts[i] for i in kept],
+            [outputs[i] for i in kept],
+            [self.output_len] * len(kept),
+        )
+        for i in self.aborted:
+            out = outputs[i]
+            self.assertEqual(out["meta_info"]["finish_reason"]["type"], "abort", i)
+            intended = greedy_continuation(self.token_map, prompts[i], self.output_len)
+            self.assertEqual(out["output_ids"], intended[: len(out["output_ids"])], i)
+        retractions = sum(o["meta_info"].get("num_retractions", 0) for o in outputs)
+        print(f"[cpu-engine] {retractions} retractions, {self.load_aware_state()}")
+        self.assertGreater(retractions, 0, "the pool never ran short")
+        self.assertGreater(plain_step_tokens(outputs[kept[-1]]["meta_info"]), 0)
+        self.assert_engine_alive()
+
+    async def generate_and_abort(self, prompts: List[List[int]]) -> List[dict]:
+        # Aborts match rids by prefix: none is a prefix of another.
+        rids = [f"kv-pressure-{i:03d}." for i in range(len(prompts))]
+        tasks = [
+            asyncio.ensure_future(
+                self.engine.async_generate(
+                    input_ids=prompt,
+                    sampling_params=greedy_params(self.output_len),
+                    rid=rid,
+                )
+            )
+            for prompt, rid in zip(prompts, rids)
+        ]
+        await asyncio.sleep(3)
+        for i in self.aborted:
+            self.engine.tokenizer_manager.abort_request(rids[i])
+        return await asyncio.gather(*tasks)
 
 
 class TestChainAutoOverlap(CpuEngineTestBase):
