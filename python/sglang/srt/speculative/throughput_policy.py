@@ -530,14 +530,14 @@ class ThroughputSpecPolicy:
     def plan_decode_step(self, batch) -> None:
         """Decide the mode of ``batch``'s next decode step (before its memory check).
 
-        batch: the running ScheduleBatch; its ``forward_iter``, ``launch_ts`` and
-        ``spec_plain_step`` still describe its previous decode step."""
+        batch: the running ScheduleBatch; its ``forward_mode``, ``forward_iter``,
+        ``launch_ts`` and ``spec_plain_step`` still describe its last launch (a
+        prefill's, for a batch made by one: not timed)."""
         batch_size = batch.batch_size()
-        launched = getattr(batch, "launch_ts", None)
-        if launched is not None and batch.forward_iter is not None:
+        if batch.launch_ts is not None and batch.forward_mode.is_decode():
             sample = self.timer.record(
                 batch.forward_iter,
-                launched,
+                batch.launch_ts,
                 PLAIN if batch.spec_plain_step else self.num_steps,
                 batch_size,
             )

@@ -306,6 +306,7 @@ class TestThroughputSpecPolicy(CustomTestCase):
         time of the mode the policy chose for it."""
         batch = SimpleNamespace(
             batch_size=lambda: batch_size,
+            forward_mode=SimpleNamespace(is_decode=lambda: True),
             forward_iter=None,
             launch_ts=None,
             spec_plain_step=False,
@@ -341,6 +342,21 @@ class TestThroughputSpecPolicy(CustomTestCase):
         self.assertLess(state["expected_gain"], 0)
         self.assertGreater(policy.step_counts[("plain", "best_throughput")], 40)
         self.assertGreaterEqual(policy.num_toggles, 1)
+
+    def test_a_batch_made_by_a_prefill_is_not_timed(self):
+        policy = self.spec_policy()
+        prefill = SimpleNamespace(is_decode=lambda: False)
+        decode = SimpleNamespace(is_decode=lambda: True)
+        batch = SimpleNamespace(batch_size=lambda: 8, spec_plain_step=False)
+        # Under overlap the third launch waits for the prefill's result: 5 s.
+        launches = [(prefill, 1, 0.0), (decode, 2, 0.01), (decode, 3, 5.01)]
+        for mode, forward_iter, launch_ts in launches:
+            batch.forward_mode, batch.forward_iter = mode, forward_iter
+            batch.launch_ts = launch_ts
+            batch.spec_plain_step = False
+            policy.plan_decode_step(batch)
+        # The prefill's 5 s are not a decode step's.
+        self.assertIsNone(policy.get_state()["step_costs_seconds"]["3"][8])
 
     def test_tp_ranks_decide_alike_from_different_local_timings(self):
         """Two ranks whose clocks disagree by 30%: the step times are summed over
