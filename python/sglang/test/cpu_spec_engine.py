@@ -343,6 +343,7 @@ def install_cpu_spec_kernels() -> None:
     os.environ.update(CPU_ENGINE_ENV)
     install_sgl_kernel_stub()
     _allow_cpu_tensors_in_record_stream()
+    _xgrammar_masks_on_cpu()
 
     from sglang.test import cpu_spec_attention
 
@@ -363,6 +364,32 @@ def _allow_cpu_tensors_in_record_stream() -> None:
             record_stream(self, stream)
 
     torch.Tensor.record_stream = record_stream_unless_cpu  # type: ignore[method-assign]
+
+
+def _xgrammar_masks_on_cpu() -> None:
+    """xgrammar's vocab masks: allocated in pinned host memory for their copy to
+    the GPU (pinning needs a CUDA driver; a CPU engine copies nothing), and applied
+    by a Triton kernel that upstream launches on GPUs only; here it runs in the
+    interpreter on the CPU logits."""
+    import torch
+
+    from sglang.srt.constrained import xgrammar_backend
+
+    def allocate_token_bitmask(vocab_size: int, batch_size: int) -> torch.Tensor:
+        return torch.full(
+            xgrammar_backend.get_bitmask_shape(batch_size, vocab_size),
+            -1,
+            dtype=xgrammar_backend.bitmask_dtype,
+        )
+
+    def apply_vocab_mask(logits: torch.Tensor, vocab_mask: torch.Tensor) -> None:
+        xgrammar_backend.apply_token_bitmask_inplace_triton(logits, vocab_mask)
+
+    xgrammar_backend._allocate_token_bitmask = allocate_token_bitmask
+    xgrammar_backend.XGrammarGrammar.apply_vocab_mask = staticmethod(apply_vocab_mask)
+    xgrammar_backend.XGrammarGrammarBackend.apply_vocab_mask = staticmethod(
+        apply_vocab_mask
+    )
 
 
 def scheduler_process_with_cpu_kernels(*args: Any, **kwargs: Any) -> Any:

@@ -322,6 +322,57 @@ class TestChainThresholdKVPressureAndAborts(CpuEngineTestBase):
         return await asyncio.gather(*tasks)
 
 
+class TestChainThresholdGrammar(CpuEngineTestBase):
+    """xgrammar regex constraints through plain steps, speculative steps and the
+    switches between them: each request's regex forces one token the target would
+    not pick (a detour), so its output follows the greedy map only where the
+    grammar's mask, advanced over every committed token, allows it."""
+
+    spec = EAGLE3_CHAIN
+    engine_args = dict(
+        ThresholdTests.engine_args,
+        grammar_backend="xgrammar",
+        skip_tokenizer_init=False,
+    )
+    seed = 6
+    lengths = (12, 20, 28, 40)
+
+    def detoured(self, prompt: List[int], length: int, at: int) -> List[int]:
+        """The greedy continuation up to ``at``, then a token it would not emit
+        there, then the greedy continuation of that token. The forced token has a
+        one-digit id: no other token's string ("w<id>") is a prefix of its, so the
+        mask leaves it alone at that step (xgrammar masks by string prefix)."""
+        head = greedy_continuation(self.token_map, prompt, at)
+        forced = next(t for t in range(3, 10) if t != self.token_map[head[-1]])
+        return (
+            head
+            + [forced]
+            + greedy_continuation(self.token_map, [forced], length - at - 1)
+        )
+
+    def test_regex_detours_hold_in_plain_and_speculative_steps(self):
+        prompts = self.prompts(len(self.lengths), seed=1)
+        # The last request's detour comes after the others ended: in its
+        # speculative steps; the others' during plain steps.
+        detour_at = [n // 2 for n in self.lengths[:-1]] + [self.lengths[-1] - 4]
+        wanted = [
+            self.detoured(p, n, at)
+            for p, n, at in zip(prompts, self.lengths, detour_at)
+        ]
+        params = [
+            dict(greedy_params(n), regex="".join(f"w{t}" for t in tokens))
+            for n, tokens in zip(self.lengths, wanted)
+        ]
+        outputs = self.engine.generate(input_ids=prompts, sampling_params=params)
+        for i, (out, tokens) in enumerate(zip(outputs, wanted)):
+            self.assertEqual(out["output_ids"], tokens, f"request {i}")
+        last = outputs[-1]["meta_info"]
+        self.assertGreater(last["spec_verify_ct"], 0)
+        self.assertGreater(plain_step_tokens(last), 0)
+        self.assert_all_but_the_longest_plain(outputs)
+        self.assert_engine_alive()
+
+
 class TestChainAutoOverlap(CpuEngineTestBase):
     """--speculative-disable-batch-threshold auto: the engine times its own plain
     and speculative steps (here on a CPU, eager) and runs the faster one."""
