@@ -5,7 +5,8 @@ The threshold and adaptive classes run mixed-length concurrent requests (all but
 the longest end during plain steps) and a lone request; the threshold classes also
 a long request that other requests push to plain steps and back every few steps.
 One class runs a KV pool too small for its requests (retractions) while some of
-them are aborted, one the ``auto`` policy. Every output is
+them are aborted, one xgrammar regex constraints, one the ``auto`` policy. Every
+output is
 compared token for token with the synthetic target's greedy continuation. The
 draft is the KV-check variant: it proposes right only if the draft KV at the
 previous position is what the draft writes there, so a stale draft KV where the
@@ -41,7 +42,7 @@ from sglang.test.synthetic_spec_models import (
 )
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=330, suite="base-a-test-cpu")
+register_cpu_ci(est_time=600, suite="base-a-test-cpu")
 
 DRAFT_ACCEPT = 0.8
 PROMPT_LEN = 16
