@@ -220,6 +220,16 @@ def build_configs(
                 pristine=True,
                 adaptive_config=STEPS0_ADAPTIVE_CONFIG,
             ),
+            # The same without its draft extend (upstream's switch for it): its best
+            # case where steps 0 is the only candidate, never resuming speculation.
+            Config(
+                "upstream-steps0-no-extend-topk1",
+                UPSTREAM_STEPS0,
+                adaptive,
+                {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},
+                pristine=True,
+                adaptive_config=STEPS0_ADAPTIVE_CONFIG,
+            ),
         ]
     }
 

@@ -686,6 +686,7 @@ class TestBenchSweepResults(CustomTestCase):
                 "loadaware-adaptive-topk1",
                 "upstream-adaptive-topk1",
                 "upstream-steps0-topk1",
+                "upstream-steps0-no-extend-topk1",
             ],
         )
         self.assertFalse(
@@ -711,7 +712,22 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(plain.always_on, f"eagle3-{name[len('plain-'):]}")
         self.assertEqual(
             [n for n, c in configs.items() if c.pristine],
-            ["upstream-adaptive-topk1", "upstream-steps0-topk1"],
+            [
+                "upstream-adaptive-topk1",
+                "upstream-steps0-topk1",
+                "upstream-steps0-no-extend-topk1",
+            ],
+        )
+        steps0, no_extend = (
+            configs["upstream-steps0-topk1"],
+            configs["upstream-steps0-no-extend-topk1"],
+        )
+        self.assertEqual(
+            (no_extend.spec, no_extend.extra_args, no_extend.adaptive_config),
+            (steps0.spec, steps0.extra_args, steps0.adaptive_config),
+        )
+        self.assertEqual(
+            no_extend.env, {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}
         )
         upstream, fork = configs["upstream-adaptive-topk1"], configs["adaptive-topk1"]
         self.assertEqual(
