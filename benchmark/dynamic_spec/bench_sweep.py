@@ -74,14 +74,18 @@ import aiohttp
 import requests
 from sglang.test.spec_engine_utils import (
     EAGLE3_CHAIN,
-    acceptance_label,
     EAGLE3_TREE,
+    acceptance_label,
     cli_args,
     eagle3_args,
     running_server,
     synthetic_pair,
 )
-from sglang.test.synthetic_spec_models import load_spec, region_prompt
+from sglang.test.synthetic_spec_models import (
+    load_spec,
+    parse_draft_accept,
+    region_prompt,
+)
 from tqdm import tqdm
 
 # --speculative-adaptive-config of upstream-steps0-topk1 (0.5.17's
@@ -1709,7 +1713,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-accept",
-        type=draft_accept_arg,
+        type=parse_draft_accept,
         default=0.8,
         help="the pair's draft acceptance P, or P_easy,P_hard: a content-shift pair",
     )
@@ -1819,13 +1823,6 @@ def generated_pair(
 def model_name(args) -> str:
     tp = f"-tp{args.tp_size}" if args.tp_size > 1 else ""
     return f"{args.preset}-p{acceptance_label(args.draft_accept)}{tp}"
-
-
-def draft_accept_arg(text: str) -> Union[float, Tuple[float, ...]]:
-    acceptances = tuple(float(p) for p in text.split(","))
-    if len(acceptances) > 2:
-        raise argparse.ArgumentTypeError("one P, or P_easy,P_hard")
-    return acceptances[0] if len(acceptances) == 1 else acceptances
 
 
 def parse_args() -> argparse.Namespace:

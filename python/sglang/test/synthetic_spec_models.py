@@ -138,6 +138,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -271,6 +272,12 @@ def expected_accept_length(p: float, num_steps: int, topk: int = 1) -> float:
     return sum(p**i for i in range(num_steps + 1))
 
 
+def parse_draft_accept(text: str) -> DraftAccept:
+    """``--draft-accept``: P, or P1,P2,... (a content-shift pair, one P per region)."""
+    acceptances = tuple(float(p) for p in text.split(","))
+    return acceptances[0] if len(acceptances) == 1 else acceptances
+
+
 def region_acceptances(draft_accept: DraftAccept) -> List[float]:
     """The acceptance of each region: one, or one per region of a content-shift pair."""
     if isinstance(draft_accept, (int, float)):
@@ -292,10 +299,11 @@ def build_token_map(
     cycle = hot[hot >= NUM_SPECIAL_TOKENS]
     n = cycle.numel()
     regions = list(cycle.tensor_split(len(acceptances)))
+    starts = itertools.accumulate((len(r) for r in regions[:-1]), initial=0)
     next_pos = torch.cat(
         [
             start + _cut_and_shuffle_cycle(len(region), p, gen)
-            for start, region, p in zip(_starts(regions), regions, acceptances)
+            for start, region, p in zip(starts, regions, acceptances)
         ]
     )
     next_token = cycle[torch.randint(0, n, (vocab_size,), generator=gen)]
@@ -304,14 +312,6 @@ def build_token_map(
     for region in regions:
         successor[region] = region.roll(-1)
     return TokenMap(next_token, successor, hot, regions)
-
-
-def _starts(regions: Sequence[torch.Tensor]) -> List[int]:
-    starts, total = [], 0
-    for region in regions:
-        starts.append(total)
-        total += len(region)
-    return starts
 
 
 def _choose_hot_tokens(
@@ -919,7 +919,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
     parser.add_argument(
         "--draft-accept",
-        type=lambda text: [float(p) for p in text.split(",")],
+        type=parse_draft_accept,
         required=True,
         help="P, or P1,P2,... for a content-shift pair: one region of the token "
         "cycle per P, a continuation stays in the region its prompt ends in",
@@ -939,11 +939,10 @@ def _parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = _parse_args()
-    acceptances = args.draft_accept
     target_dir, draft_dir = generate(
         args.preset,
         args.out,
-        acceptances[0] if len(acceptances) == 1 else acceptances,
+        args.draft_accept,
         args.seed,
         args.device,
         args.draft_vocab_size,
@@ -952,7 +951,7 @@ def main() -> None:
     )
     print(f"target: {target_dir}")
     print(f"draft: {draft_dir}")
-    for p in acceptances:
+    for p in region_acceptances(args.draft_accept):
         print(
             f"P={p}: expected accept length {expected_accept_length(p, 3, 1):.4f} "
             f"(topk 1, 3 steps), {expected_accept_length(p, 2, 4):.4f} (topk 4, 2 steps)"

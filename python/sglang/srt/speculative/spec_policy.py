@@ -53,6 +53,7 @@ from sglang.srt.speculative.throughput_policy import AUTO, ThroughputSpecPolicy
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.speculative.load_aware import LoadAwarePlainStep
     from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -255,7 +256,9 @@ def decode_kv_reserve(batch: ScheduleBatch) -> int:
     return lag + 1
 
 
-def throughput_spec_policy(server_args: ServerArgs, plain_step: Any):
+def throughput_spec_policy(
+    server_args: ServerArgs, plain_step: LoadAwarePlainStep
+) -> ThroughputSpecPolicy:
     """The ``auto`` policy of a server whose worker runs plain steps; its step
     times are summed over the TP ranks every ``AUTO_FOLD_INTERVAL`` decode steps."""
     tp_size = server_args.tp_size
@@ -263,7 +266,7 @@ def throughput_spec_policy(server_args: ServerArgs, plain_step: Any):
         num_steps=server_args.speculative_num_steps,
         max_batch_size=server_args.max_running_requests or MAX_AUTO_BATCH_BUCKET,
         min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
-        reduce=tp_sum if tp_size > 1 else list,
+        reduce=tp_sum if tp_size > 1 else None,
         fold_interval=AUTO_FOLD_INTERVAL if tp_size > 1 else 1,
     )
     plain_step.verify_listeners.append(policy.observe_verify)

@@ -31,8 +31,19 @@ Pure Python: the TP sum is injected (spec_policy.throughput_spec_policy).
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    Callable,
+    Deque,
+    Dict,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -106,16 +117,19 @@ class StepCosts:
     def modes(self) -> List[int]:
         return sorted(self._seconds)
 
-    def bucket(self, batch_size: int) -> int:
+    def _index(self, batch_size: int) -> int:
         """The bucket a batch of this size is timed in (the largest beyond it)."""
         i = bisect.bisect_left(self.batch_sizes, batch_size)
-        return self.batch_sizes[min(i, len(self.batch_sizes) - 1)]
+        return min(i, len(self.batch_sizes) - 1)
+
+    def bucket(self, batch_size: int) -> int:
+        return self.batch_sizes[self._index(batch_size)]
 
     def estimate(self, mode: int, batch_size: int) -> Optional[float]:
         """T_mode(batch_size), or None while its bucket is unmeasured; beyond the
         largest bucket, its time per request times the batch size."""
-        bucket = self.bucket(batch_size)
-        seconds = self._seconds[mode][self.batch_sizes.index(bucket)]
+        i = self._index(batch_size)
+        seconds, bucket = self._seconds[mode][i], self.batch_sizes[i]
         if seconds is None or batch_size <= bucket:
             return seconds
         return seconds * batch_size / bucket
@@ -128,7 +142,7 @@ class StepCosts:
         bucket; batches beyond the largest bucket are not fed."""
         if batch_size > self.batch_sizes[-1]:
             return
-        row, i = self._seconds[mode], self.batch_sizes.index(self.bucket(batch_size))
+        row, i = self._seconds[mode], self._index(batch_size)
         row[i] = (
             seconds if row[i] is None else row[i] + self.ema_alpha * (seconds - row[i])
         )
@@ -182,7 +196,7 @@ class AcceptanceEstimate:
         p = fit_chain_acceptance(known[nearest], nearest)
         return chain_accept_length(p, num_steps)
 
-    def state(self) -> Dict[int, float]:
+    def state(self) -> Dict[str, float]:
         return {str(s): round(self.expected(s), 4) for s in self.step_counts}
 
 
@@ -391,7 +405,9 @@ class DecodeStepTimer:
     def __init__(self, bucket: Callable[[int], int]):
         self.bucket = bucket
         # (forward_iter, launch time, num_steps, bucket) of the last launches.
-        self._launches: List[Tuple[int, float, int, int]] = []
+        self._launches: Deque[Tuple[int, float, int, int]] = collections.deque(
+            maxlen=self.WINDOW
+        )
 
     def record(
         self, forward_iter: int, launch_ts: float, num_steps: int, batch_size: int
@@ -399,7 +415,7 @@ class DecodeStepTimer:
         launch = (forward_iter, launch_ts, num_steps, self.bucket(batch_size))
         if self._launches and self._launches[-1][0] == forward_iter:
             return None  # the batch has not run since the last call
-        self._launches = (self._launches + [launch])[-self.WINDOW :]
+        self._launches.append(launch)
         if len(self._launches) < self.WINDOW:
             return None
         first = self._launches[0]
@@ -414,58 +430,58 @@ class DecodeStepTimer:
 
 
 class PendingObservations:
-    """What the decode steps observed since the last fold, as sums that TP ranks
-    add up (``reduce``) before every rank folds the same totals into its policy."""
+    """What the decode steps observed since the last fold: summed step times per
+    (mode, bucket) and committed tokens per step count. With TP, ``reduce`` adds up
+    the ranks' sums before every rank folds the same totals into its policy."""
 
     def __init__(self, modes: Sequence[int], batch_sizes: Sequence[int]):
-        self.modes = list(modes)
-        self.batch_sizes = list(batch_sizes)
-        self._clear()
-
-    def _clear(self) -> None:
-        cells = len(self.modes) * len(self.batch_sizes)
-        self._seconds = [0.0] * cells  # summed step times
-        self._steps = [0.0] * cells  # timed steps
-        self._tokens = [0.0] * len(self.modes)  # committed by verified requests
-        self._requests = [0.0] * len(self.modes)
-
-    def _cell(self, num_steps: int, bucket: int) -> int:
-        return self.modes.index(num_steps) * len(self.batch_sizes) + (
-            self.batch_sizes.index(bucket)
-        )
+        # Every rank flattens its sums in this order for the reduce.
+        self._time_keys = [(m, bs) for m in modes for bs in batch_sizes]
+        self._modes = list(modes)
+        self._times: Dict[Tuple[int, int], List[float]] = {}  # [seconds, steps]
+        self._verifies: Dict[int, List[float]] = {}  # [tokens, requests]
 
     def add_step_time(self, num_steps: int, bucket: int, seconds: float) -> None:
-        i = self._cell(num_steps, bucket)
-        self._seconds[i] += seconds
-        self._steps[i] += 1
+        total = self._times.setdefault((num_steps, bucket), [0.0, 0.0])
+        total[0] += seconds
+        total[1] += 1
 
     def add_verify(self, num_steps: int, num_tokens: int, num_requests: int) -> None:
-        i = self.modes.index(num_steps)
-        self._tokens[i] += num_tokens
-        self._requests[i] += num_requests
+        total = self._verifies.setdefault(num_steps, [0.0, 0.0])
+        total[0] += num_tokens
+        total[1] += num_requests
 
     def fold_into(
         self,
         policy: ThroughputPolicy,
-        reduce: Callable[[List[float]], List[float]],
+        reduce: Optional[Callable[[List[float]], List[float]]] = None,
     ) -> None:
-        """Sum the ranks' observations and feed them to the policy: one mean step
-        time per (mode, bucket), one acceptance sample per step count."""
-        flat = reduce(self._seconds + self._steps + self._tokens + self._requests)
-        cells = len(self._seconds)
-        seconds, steps = flat[:cells], flat[cells : 2 * cells]
-        tokens, requests = (
-            flat[2 * cells :][: len(self.modes)],
-            flat[-len(self.modes) :],
-        )
-        self._clear()
-        for m, mode in enumerate(self.modes):
-            if requests[m] > 0:
-                policy.acceptance.observe(mode, tokens[m], requests[m])
-            for b, bucket in enumerate(self.batch_sizes):
-                i = m * len(self.batch_sizes) + b
-                if steps[i] > 0:
-                    policy.costs.observe(mode, bucket, seconds[i] / steps[i])
+        """Feed the (rank-summed) observations to the policy: one mean step time
+        per (mode, bucket), one acceptance sample per step count."""
+        if reduce is not None:
+            self._sum_over_ranks(reduce)
+        for (mode, bucket), (seconds, steps) in self._times.items():
+            if steps > 0:
+                policy.costs.observe(mode, bucket, seconds / steps)
+        for mode, (tokens, requests) in self._verifies.items():
+            policy.acceptance.observe(mode, tokens, requests)
+        self._times.clear()
+        self._verifies.clear()
+
+    def _sum_over_ranks(self, reduce: Callable[[List[float]], List[float]]) -> None:
+        zero = (0.0, 0.0)
+        flat = [
+            x
+            for totals, keys in (
+                (self._times, self._time_keys),
+                (self._verifies, self._modes),
+            )
+            for key in keys
+            for x in totals.get(key, zero)
+        ]
+        summed = iter(reduce(flat))
+        self._times = {key: [next(summed), next(summed)] for key in self._time_keys}
+        self._verifies = {mode: [next(summed), next(summed)] for mode in self._modes}
 
 
 def parse_disable_batch_threshold(value: str) -> Union[int, str]:
@@ -488,8 +504,8 @@ class ThroughputSpecPolicy:
 
     Step times come from ``DecodeStepTimer``, acceptance from the verify results
     (``observe_verify``); both are folded into the policy every ``fold_interval``
-    decode steps, summed over TP ranks by ``reduce``, so that every rank decides
-    from the same inputs.
+    decode steps, summed over TP ranks by ``reduce`` (None: a single rank), so
+    that every rank decides from the same inputs.
     """
 
     def __init__(
@@ -497,7 +513,7 @@ class ThroughputSpecPolicy:
         num_steps: int,
         max_batch_size: int,
         min_dwell_steps: int,
-        reduce: Callable[[List[float]], List[float]],
+        reduce: Optional[Callable[[List[float]], List[float]]],
         fold_interval: int,
         **policy_kwargs,
     ):
@@ -517,7 +533,6 @@ class ThroughputSpecPolicy:
         self.reduce = reduce
         self.fold_interval = fold_interval
         self._plans = 0
-        self.step_counts: Dict[Tuple[str, str], int] = {}
 
     @property
     def speculating(self) -> bool:
@@ -526,6 +541,15 @@ class ThroughputSpecPolicy:
     @property
     def num_toggles(self) -> int:
         return self.policy.num_toggles
+
+    @property
+    def step_counts(self) -> Dict[Tuple[str, str], int]:
+        """Decode steps by (mode, reason), mode "spec" or "plain" (as SpecPolicy's)."""
+        counts: Dict[Tuple[str, str], int] = {}
+        for (num_steps, reason), n in self.policy.step_counts.items():
+            key = ("spec" if num_steps else "plain", reason)
+            counts[key] = counts.get(key, 0) + n
+        return counts
 
     def plan_decode_step(self, batch) -> None:
         """Decide the mode of ``batch``'s next decode step (before its memory check).
@@ -562,8 +586,6 @@ class ThroughputSpecPolicy:
                 decision.reason,
                 100 * decision.expected_gain,
             )
-        key = ("spec" if decision.num_steps else "plain", decision.reason)
-        self.step_counts[key] = self.step_counts.get(key, 0) + 1
         batch.spec_prev_plain_step = batch.spec_plain_step
         batch.spec_plain_step = decision.num_steps == PLAIN
 
@@ -575,19 +597,20 @@ class ThroughputSpecPolicy:
         )
 
     def get_state(self) -> Dict[str, object]:
+        step_counts = self.step_counts
         return {
             "policy": "auto",
             "speculating": self.speculating,
             "num_toggles": self.num_toggles,
             "num_spec_steps": sum(
-                n for (m, _), n in self.step_counts.items() if m == "spec"
+                n for (m, _), n in step_counts.items() if m == "spec"
             ),
             "num_plain_steps": sum(
-                n for (m, _), n in self.step_counts.items() if m == "plain"
+                n for (m, _), n in step_counts.items() if m == "plain"
             ),
             "fold_interval": self.fold_interval,
             **self.policy.get_state(),
             "steps_by_reason": {
-                f"{mode}/{reason}": n for (mode, reason), n in self.step_counts.items()
+                f"{mode}/{reason}": n for (mode, reason), n in step_counts.items()
             },
         }

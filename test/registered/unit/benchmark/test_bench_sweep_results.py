@@ -1505,8 +1505,8 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertTrue(all(p[-1] in (10, 11, 12) for p in easy))
         self.assertTrue(all(p[-1] in (20, 21, 22) for p in hard))
         self.assertTrue(all(len(p) == 5 for p in easy + hard))
-        self.assertEqual(self.bench.draft_accept_arg("0.95,0.3"), (0.95, 0.3))
-        self.assertEqual(self.bench.draft_accept_arg("0.9"), 0.9)
+        self.assertEqual(self.bench.parse_draft_accept("0.95,0.3"), (0.95, 0.3))
+        self.assertEqual(self.bench.parse_draft_accept("0.9"), 0.9)
         record = {
             "config": "auto-topk1",
             "content_shift": {
