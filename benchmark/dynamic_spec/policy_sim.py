@@ -2,10 +2,11 @@
 
 The environment is what a GPU measured: the seconds of one decode step per mode (0: plain,
 s: s draft steps) and captured batch size, and the acceptance over time. It comes from a
-trace of a real run (``--trace``: one JSON record per decode step, as the server logs
-them: ``{"batch_size", "num_steps", "seconds", "num_tokens"}``), whose steps give the
-cost table (median per mode and batch bucket) and the acceptance timeline (tokens per
-request of its speculative steps), or from a cost table and an acceptance schedule given
+trace of a real run (``--trace``: the JSON lines an ``auto`` server writes with
+``SGLANG_LOAD_AWARE_STEP_TRACE=PATH``, its timed decode steps ``{"batch_size",
+"num_steps", "seconds"}`` and its verifies ``{"num_steps", "num_tokens",
+"num_requests"}``), whose steps give the cost table (median per mode and batch bucket)
+and whose verifies the acceptance timeline, or from a cost table and an acceptance schedule given
 directly (``--costs``, ``--accept``). The workload is a sequence of phases of a
 running batch size held for a time, as a closed loop at a concurrency holds it
 (``--phases 1x2,32x4,...``: batch 1 for 2 s, then 32 for 4 s; or the trace's own
@@ -38,6 +39,7 @@ from sglang.srt.speculative.throughput_policy import (
     ThroughputPolicy,
     chain_accept_length,
     fit_chain_acceptance,
+    power_of_two_buckets,
 )
 
 
@@ -86,29 +88,56 @@ def parse_phases(text: str) -> Phases:
     return phases
 
 
+def step_records(records: Sequence[dict]) -> List[dict]:
+    """The trace's timed decode steps (its other records are verifies)."""
+    return [r for r in records if "seconds" in r]
+
+
 def phases_of_trace(records: Sequence[dict]) -> Phases:
-    """The trace's timeline: each step's batch size for that step's seconds."""
-    return [(r["batch_size"], r["seconds"]) for r in records]
+    """The trace's timeline: each timed step's batch size for that step's seconds."""
+    return [(r["batch_size"], r["seconds"]) for r in step_records(records)]
+
+
+def trace_buckets(records: Sequence[dict]) -> List[int]:
+    """The server's batch buckets (powers of two) at which the trace timed every
+    mode it ran; a step at another batch size costs what the next bucket up costs."""
+    steps = step_records(records)
+    buckets = power_of_two_buckets(max(r["batch_size"] for r in steps))
+    timed: Dict[int, set] = {}
+    for r in steps:
+        bucket = next(b for b in buckets if b >= r["batch_size"])
+        timed.setdefault(bucket, set()).add(r["num_steps"])
+    modes = {r["num_steps"] for r in steps}
+    both = [b for b in buckets if timed.get(b) == modes]
+    if not both:
+        raise ValueError(
+            f"no batch bucket of the trace timed every mode {sorted(modes)}"
+        )
+    return both
 
 
 def environment_from_trace(
     records: Sequence[dict], batch_sizes: Sequence[int]
 ) -> Environment:
-    """Median seconds per (mode, captured batch bucket); the acceptance timeline
-    forward-filled from the trace's speculative steps (their per-token acceptance)."""
+    """Median seconds per (mode, batch bucket) of the timed steps; the acceptance
+    timeline from the verifies (their per-token acceptance, forward-filled), each
+    at the time of the timed steps before it."""
     samples: Dict[Tuple[int, int], List[float]] = {}
     acceptance: List[Tuple[float, float]] = []
     now = 0.0
     for record in records:
-        mode, bs = record["num_steps"], record["batch_size"]
-        bucket = next((b for b in batch_sizes if b >= bs), batch_sizes[-1])
-        samples.setdefault((mode, bucket), []).append(record["seconds"])
-        if mode != PLAIN and record.get("num_tokens"):
-            p = fit_chain_acceptance(record["num_tokens"] / bs, mode)
+        mode = record["num_steps"]
+        if "seconds" in record:
+            bs = record["batch_size"]
+            bucket = next((b for b in batch_sizes if b >= bs), batch_sizes[-1])
+            samples.setdefault((mode, bucket), []).append(record["seconds"])
+            now += record["seconds"]
+        else:
+            per_request = record["num_tokens"] / record["num_requests"]
+            p = fit_chain_acceptance(per_request, mode)
             acceptance.append((now if acceptance else 0.0, p))
-        now += record["seconds"]
     if not acceptance:
-        raise ValueError("the trace has no speculative step: its acceptance is unknown")
+        raise ValueError("the trace has no verify: its acceptance is unknown")
     modes = sorted({mode for mode, _ in samples})
     costs = {
         mode: {
@@ -230,8 +259,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.trace:
         with open(args.trace) as f:
             records = [json.loads(line) for line in f if line.strip()]
-        captured = sorted({r["batch_size"] for r in records})
-        env = environment_from_trace(records, captured)
+        env = environment_from_trace(records, trace_buckets(records))
         workload = phases_of_trace(records)
     else:
         if not (args.costs and args.accept and args.phases):

@@ -45,11 +45,16 @@ from typing import (
     Union,
 )
 
+from sglang.srt.environ import envs
 from sglang.srt.mem_cache.allocation_sizing import (
     get_alloc_len_per_decode,
     get_alloc_reserve_per_decode,
 )
-from sglang.srt.speculative.throughput_policy import AUTO, ThroughputSpecPolicy
+from sglang.srt.speculative.throughput_policy import (
+    AUTO,
+    StepTrace,
+    ThroughputSpecPolicy,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -268,9 +273,23 @@ def throughput_spec_policy(
         min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
         reduce=tp_sum if tp_size > 1 else None,
         fold_interval=AUTO_FOLD_INTERVAL if tp_size > 1 else 1,
+        trace=step_trace(tp_size),
     )
     plain_step.verify_listeners.append(policy.observe_verify)
     return policy
+
+
+def step_trace(tp_size: int) -> Optional[StepTrace]:
+    """The trace SGLANG_LOAD_AWARE_STEP_TRACE asks for (one file per TP rank, the
+    rank appended to the name with TP), or None."""
+    path = envs.SGLANG_LOAD_AWARE_STEP_TRACE.get()
+    if path is None:
+        return None
+    if tp_size > 1:
+        from sglang.srt.distributed import get_tensor_model_parallel_rank
+
+        path = f"{path}.tp{get_tensor_model_parallel_rank()}"
+    return StepTrace(path)
 
 
 # Decode steps between two sums of the step times over TP ranks (one CPU
@@ -351,7 +370,6 @@ def plain_decode_graph_reserve_mb(server_args: ServerArgs) -> float:
     ``ServerArgs.reserve_for_graph_mb`` counts the decode graphs: a server whose
     decode steps can run plain (a threshold, or adaptive tiers that may hold 0
     draft steps) captures a second decode family after the KV pool is sized."""
-    from sglang.srt.environ import envs
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     if (

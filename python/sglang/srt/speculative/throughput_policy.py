@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import json
 import logging
 from typing import (
     Callable,
@@ -484,6 +485,31 @@ class PendingObservations:
         self._verifies = {mode: [next(summed), next(summed)] for mode in self._modes}
 
 
+class StepTrace:
+    """``SGLANG_LOAD_AWARE_STEP_TRACE``: one JSON line per timed decode step
+    (``batch_size``, ``num_steps``, ``seconds``) and per verify (``num_steps``,
+    ``num_tokens``, ``num_requests``), in the order they were observed: what
+    ``benchmark/dynamic_spec/policy_sim.py --trace`` replays."""
+
+    def __init__(self, path: str):
+        self._file = open(path, "a", buffering=1)
+
+    def step(self, sample: StepSample) -> None:
+        self._write(sample._asdict())
+
+    def verify(self, num_steps: int, num_tokens: int, num_requests: int) -> None:
+        self._write(
+            {
+                "num_steps": num_steps,
+                "num_tokens": num_tokens,
+                "num_requests": num_requests,
+            }
+        )
+
+    def _write(self, record: Dict[str, Union[int, float]]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+
+
 def parse_disable_batch_threshold(value: str) -> Union[int, str]:
     """--speculative-disable-batch-threshold: an integer, or ``auto``."""
     return value if value == AUTO else int(value)
@@ -515,6 +541,7 @@ class ThroughputSpecPolicy:
         min_dwell_steps: int,
         reduce: Optional[Callable[[List[float]], List[float]]],
         fold_interval: int,
+        trace: Optional[StepTrace] = None,
         **policy_kwargs,
     ):
         if fold_interval < 1:
@@ -532,6 +559,7 @@ class ThroughputSpecPolicy:
         self.pending = PendingObservations(modes, buckets)
         self.reduce = reduce
         self.fold_interval = fold_interval
+        self.trace = trace
         self._plans = 0
 
     @property
@@ -566,6 +594,8 @@ class ThroughputSpecPolicy:
                 batch_size,
             )
             if sample is not None:
+                if self.trace is not None:
+                    self.trace.step(sample)
                 self.pending.add_step_time(
                     sample.num_steps,
                     self.timer.bucket(sample.batch_size),
@@ -592,9 +622,10 @@ class ThroughputSpecPolicy:
     def observe_verify(self, num_correct_drafts_per_req: List[int]) -> None:
         """A speculative step's result (rank-identical): drafts accepted per request."""
         num_requests = len(num_correct_drafts_per_req)
-        self.pending.add_verify(
-            self.num_steps, sum(num_correct_drafts_per_req) + num_requests, num_requests
-        )
+        num_tokens = sum(num_correct_drafts_per_req) + num_requests
+        self.pending.add_verify(self.num_steps, num_tokens, num_requests)
+        if self.trace is not None:
+            self.trace.verify(self.num_steps, num_tokens, num_requests)
 
     def get_state(self) -> Dict[str, object]:
         step_counts = self.step_counts

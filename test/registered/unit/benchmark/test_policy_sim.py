@@ -20,7 +20,6 @@ COSTS = {
 }
 
 
-
 sim = load_benchmark_script("policy_sim")
 
 
@@ -40,23 +39,42 @@ class TestEnvironment(CustomTestCase):
 
     def test_environment_from_a_trace(self):
         trace = [
-            {"batch_size": 1, "num_steps": 3, "seconds": 0.02, "num_tokens": 3},
-            {"batch_size": 1, "num_steps": 3, "seconds": 0.04, "num_tokens": 3},
+            {"batch_size": 1, "num_steps": 3, "seconds": 0.02},
+            {"num_steps": 3, "num_tokens": 4, "num_requests": 1},
+            {"batch_size": 1, "num_steps": 3, "seconds": 0.04},
             {"batch_size": 1, "num_steps": 0, "seconds": 0.01},
             {"batch_size": 64, "num_steps": 0, "seconds": 0.016},
-            {"batch_size": 50, "num_steps": 3, "seconds": 0.05, "num_tokens": 100},
+            {"batch_size": 50, "num_steps": 3, "seconds": 0.05},
+            {"num_steps": 3, "num_tokens": 100, "num_requests": 50},
         ]
-        env = sim.environment_from_trace(trace, [1, 64])
+        buckets = sim.trace_buckets(trace)
+        self.assertEqual(buckets, [1, 64])
+        env = sim.environment_from_trace(trace, buckets)
         self.assertEqual(env.costs, {0: {1: 0.01, 64: 0.016}, 3: {1: 0.03, 64: 0.05}})
-        self.assertAlmostEqual(env.accept_length(3, 0.0), 3.0, 5)
-        self.assertAlmostEqual(env.accept_length(3, 0.09), 2.0, 5)  # from the last step
+        self.assertAlmostEqual(env.accept_length(3, 0.0), 4.0, 5)
+        # The second verify, after 0.136 s of timed steps, accepted 2 per request.
+        self.assertAlmostEqual(env.accept_length(3, 0.13), 4.0, 5)
+        self.assertAlmostEqual(env.accept_length(3, 0.14), 2.0, 5)
         self.assertEqual(sim.phases_of_trace(trace)[3], (64, 0.016))
+        self.assertEqual(len(sim.phases_of_trace(trace)), 5)
 
     def test_a_trace_missing_a_bucket_is_refused(self):
-        trace = [{"batch_size": 1, "num_steps": 3, "seconds": 0.02, "num_tokens": 3}]
-        trace.append({"batch_size": 64, "num_steps": 0, "seconds": 0.016})
+        trace = [
+            {"batch_size": 1, "num_steps": 3, "seconds": 0.02},
+            {"num_steps": 3, "num_tokens": 3, "num_requests": 1},
+            {"batch_size": 64, "num_steps": 0, "seconds": 0.016},
+        ]
+        with self.assertRaises(ValueError):
+            sim.trace_buckets(trace)
         with self.assertRaises(ValueError):
             sim.environment_from_trace(trace, [1, 64])
+        trace.append({"batch_size": 40, "num_steps": 3, "seconds": 0.05})
+        self.assertEqual(sim.trace_buckets(trace), [64])
+
+    def test_a_trace_without_a_verify_is_refused(self):
+        trace = [{"batch_size": 1, "num_steps": 0, "seconds": 0.01}]
+        with self.assertRaises(ValueError):
+            sim.environment_from_trace(trace, [1])
 
 
 class TestSimulate(CustomTestCase):

@@ -17,6 +17,7 @@ the idle one whenever it idles (a leak kills the engine, failing the test).
 
 import asyncio
 import json
+import os
 import tempfile
 import time
 import unittest
@@ -31,6 +32,7 @@ from sglang.test.spec_engine_utils import (
     accept_length,
     eagle3_args,
     greedy_params,
+    load_benchmark_script,
     plain_step_tokens,
     random_prompts,
     synthetic_pair,
@@ -60,6 +62,7 @@ class CpuEngineTestBase(CustomTestCase):
 
     spec = EAGLE3_CHAIN
     engine_args: Dict[str, object] = {}
+    engine_env: Dict[str, str] = {}
     seed = 0
 
     @classmethod
@@ -69,7 +72,7 @@ class CpuEngineTestBase(CustomTestCase):
         )
         cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
         cls._engine = cpu_spec_engine(
-            env=LEAK_CHECK_ENV,
+            env={**LEAK_CHECK_ENV, **cls.engine_env},
             model_path=cls.target,
             **eagle3_args(cls.draft, **cls.spec),
             **cls.engine_args,
@@ -376,13 +379,17 @@ class TestChainThresholdGrammar(CpuEngineTestBase):
 
 class TestChainAutoOverlap(CpuEngineTestBase):
     """--speculative-disable-batch-threshold auto: the engine times its own plain
-    and speculative steps (here on a CPU, eager) and runs the faster one."""
+    and speculative steps (here on a CPU, eager) and runs the faster one; its step
+    trace replays through policy_sim.py."""
 
     spec = EAGLE3_CHAIN
     engine_args = dict(
         speculative_disable_batch_threshold="auto",
         speculative_load_aware_min_dwell_steps=0,
     )
+    trace_dir = tempfile.TemporaryDirectory()
+    trace_path = os.path.join(trace_dir.name, "steps.jsonl")
+    engine_env = {"SGLANG_LOAD_AWARE_STEP_TRACE": trace_path}
     seed = 4
 
     def test_times_both_modes_and_serves_the_intended_tokens(self):
@@ -405,6 +412,31 @@ class TestChainAutoOverlap(CpuEngineTestBase):
             state["accept_length"]["3"], predicted, delta=0.25 * predicted
         )
         self.assert_engine_alive()
+        self.assert_trace_replays(state, predicted)
+
+    def assert_trace_replays(self, state: dict, predicted: float) -> None:
+        sim = load_benchmark_script("policy_sim")
+        with open(self.trace_path) as f:
+            trace = [json.loads(line) for line in f]
+        verifies = [r for r in trace if "num_requests" in r]
+        per_request = sum(r["num_tokens"] for r in verifies) / sum(
+            r["num_requests"] for r in verifies
+        )
+        self.assertAlmostEqual(per_request, predicted, delta=0.25 * predicted)
+        env = sim.environment_from_trace(trace, sim.trace_buckets(trace))
+        self.assertEqual(set(env.costs), {0, 3})
+        phases = sim.phases_of_trace(trace)
+        results = {
+            policy: sim.simulate(sim.make_policy(policy, env, 1.0), env, phases)
+            for policy in ("nospec", "always", "auto")
+        }
+        print(f"[cpu-engine] trace replay {results}")
+        # On a CPU a speculative step costs ~10 plain ones, and the run is a few
+        # seconds long: auto's 4 calibration steps at each bucket are a large share
+        # of it, so it lands between the static policies, near the plain one.
+        rate = {p: r["tokens_per_second"] for p, r in results.items()}
+        self.assertGreater(rate["auto"], 2 * rate["always"])
+        self.assertLess(results["auto"]["spec_step_share"], 0.1)
 
 
 if __name__ == "__main__":
