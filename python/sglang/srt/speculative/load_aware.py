@@ -27,11 +27,12 @@ here, once the overlap future map has resolved the previous step.
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Deque, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -319,8 +320,13 @@ class LoadAwarePlainStep:
         self.draft_catch_up = DraftCatchUp(worker.draft_worker)
         max_bs = worker.req_to_token_pool.size
         self.accept_lens = torch.ones(max_bs, dtype=torch.int32, device=worker.device)
-        # Called with the drafts each request accepted, after every verify step.
-        self.verify_listeners: List[Callable[[List[int]], None]] = []
+        # Called after every verify step with its draft step count and the drafts
+        # each request accepted.
+        self.verify_listeners: List[Callable[[int, List[int]], None]] = []
+        # The draft step counts of the speculative steps launched and not yet
+        # verified, in launch order (under the overlap scheduler the worker may
+        # have switched step counts by the time a verify's result is processed).
+        self._unverified_steps: Deque[int] = collections.deque()
 
     def forward(
         self,
@@ -392,10 +398,13 @@ class LoadAwarePlainStep:
             worker.adaptive_controller.on_verify_complete([0] * bs, batch_size=bs)
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: List[int]) -> None:
+        num_steps = self._unverified_steps.popleft()
         for listener in self.verify_listeners:
-            listener(num_correct_drafts_per_req)
+            listener(num_steps, num_correct_drafts_per_req)
 
     def resume_speculation(self, batch: ScheduleBatch) -> None:
         """Before a speculative step: complete the draft input that KV-only plain
-        steps left pending (DraftCatchUp.resume)."""
+        steps left pending (DraftCatchUp.resume), and note the step's draft step
+        count for its verify."""
         self.draft_catch_up.resume(batch)
+        self._unverified_steps.append(self.worker.speculative_num_steps)

@@ -52,12 +52,14 @@ from sglang.srt.mem_cache.allocation_sizing import (
 )
 from sglang.srt.speculative.throughput_policy import (
     AUTO,
+    PLAIN,
     StepTrace,
     ThroughputSpecPolicy,
 )
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
     from sglang.srt.speculative.load_aware import LoadAwarePlainStep
     from sglang.srt.server_args import ServerArgs
 
@@ -163,7 +165,7 @@ class SpecPolicy:
             zero_draft_steps = lambda bs: params.get_steps_for_batch(bs) == 0
         threshold = server_args.speculative_disable_batch_threshold
         if threshold == AUTO:
-            return throughput_spec_policy(server_args, plain_step)
+            return throughput_spec_policy(server_args, plain_step, adaptive)
         if threshold is None and zero_draft_steps is None:
             return None
         return cls(
@@ -262,13 +264,29 @@ def decode_kv_reserve(batch: ScheduleBatch) -> int:
 
 
 def throughput_spec_policy(
-    server_args: ServerArgs, plain_step: LoadAwarePlainStep
+    server_args: ServerArgs,
+    plain_step: LoadAwarePlainStep,
+    adaptive: Optional[AdaptiveController] = None,
 ) -> ThroughputSpecPolicy:
-    """The ``auto`` policy of a server whose worker runs plain steps; its step
+    """The ``auto`` policy of a server whose worker runs plain steps, choosing
+    among the plain step and the speculative step counts the worker captured (the
+    adaptive controller's candidates, or ``--speculative-num-steps``); its step
     times are summed over the TP ranks every ``AUTO_FOLD_INTERVAL`` decode steps."""
     tp_size = server_args.tp_size
+    initial_steps = server_args.speculative_num_steps
+    candidates = adaptive.candidate_steps if adaptive is not None else [initial_steps]
+    speculative_steps = [s for s in candidates if s != PLAIN]
+    if not speculative_steps:
+        raise ValueError(
+            "--speculative-disable-batch-threshold auto: the adaptive config has no "
+            "candidate step count above 0 to speculate with."
+        )
+    if initial_steps not in speculative_steps:
+        initial_steps = max(speculative_steps)
     policy = ThroughputSpecPolicy(
-        num_steps=server_args.speculative_num_steps,
+        speculative_steps=speculative_steps,
+        initial_steps=initial_steps,
+        sets_step_count=adaptive is not None,
         max_batch_size=server_args.max_running_requests or MAX_AUTO_BATCH_BUCKET,
         min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
         reduce=tp_sum if tp_size > 1 else None,
@@ -442,12 +460,6 @@ def resolve_load_aware_server_args(server_args: ServerArgs) -> None:
         raise ValueError(f"--speculative-disable-batch-threshold: {reason}.")
 
     if n == AUTO:
-        if server_args.speculative_adaptive:
-            raise ValueError(
-                "--speculative-disable-batch-threshold auto: --speculative-adaptive "
-                "is not supported yet (auto chooses between the plain step and "
-                "--speculative-num-steps)."
-            )
         return
     if m is None:
         server_args.speculative_enable_batch_threshold = default_enable_batch_threshold(

@@ -526,7 +526,11 @@ def power_of_two_buckets(max_batch_size: int) -> List[int]:
 class ThroughputSpecPolicy:
     """``--speculative-disable-batch-threshold auto``: the scheduler's per-step
     policy (the interface of spec_policy.SpecPolicy) on a ThroughputPolicy between
-    the plain step and the server's speculative step count.
+    the plain step and the server's speculative step counts: its
+    ``--speculative-num-steps``, or with ``--speculative-adaptive`` every candidate
+    step count the server captured (``sets_step_count``: the worker then runs the
+    chosen one, from ``ScheduleBatch.spec_num_steps``, instead of the adaptive
+    tier's).
 
     Step times come from ``DecodeStepTimer``, acceptance from the verify results
     (``observe_verify``); both are folded into the policy every ``fold_interval``
@@ -536,7 +540,9 @@ class ThroughputSpecPolicy:
 
     def __init__(
         self,
-        num_steps: int,
+        speculative_steps: Sequence[int],
+        initial_steps: int,
+        sets_step_count: bool,
         max_batch_size: int,
         min_dwell_steps: int,
         reduce: Optional[Callable[[List[float]], List[float]]],
@@ -546,12 +552,18 @@ class ThroughputSpecPolicy:
     ):
         if fold_interval < 1:
             raise ValueError(f"fold_interval must be >= 1, got {fold_interval}")
+        if initial_steps not in speculative_steps or PLAIN in speculative_steps:
+            raise ValueError(
+                f"initial_steps {initial_steps} must be one of the speculative "
+                f"step counts {list(speculative_steps)}, all above 0"
+            )
         buckets = power_of_two_buckets(max_batch_size)
-        modes = [PLAIN, num_steps]
-        self.num_steps = num_steps
+        modes = [PLAIN, *sorted(speculative_steps)]
+        self.initial_steps = initial_steps
+        self.sets_step_count = sets_step_count
         self.policy = ThroughputPolicy(
             StepCosts.unmeasured(modes, buckets),
-            AcceptanceEstimate([num_steps], {num_steps: 1.0}),
+            AcceptanceEstimate(speculative_steps, {initial_steps: 1.0}),
             min_dwell_steps=min_dwell_steps,
             **policy_kwargs,
         )
@@ -588,10 +600,7 @@ class ThroughputSpecPolicy:
         batch_size = batch.batch_size()
         if batch.launch_ts is not None and batch.forward_mode.is_decode():
             sample = self.timer.record(
-                batch.forward_iter,
-                batch.launch_ts,
-                PLAIN if batch.spec_plain_step else self.num_steps,
-                batch_size,
+                batch.forward_iter, batch.launch_ts, self._launched_mode(batch), batch_size
             )
             if sample is not None:
                 if self.trace is not None:
@@ -618,14 +627,26 @@ class ThroughputSpecPolicy:
             )
         batch.spec_prev_plain_step = batch.spec_plain_step
         batch.spec_plain_step = decision.num_steps == PLAIN
+        if self.sets_step_count:
+            batch.spec_num_steps = decision.num_steps
 
-    def observe_verify(self, num_correct_drafts_per_req: List[int]) -> None:
-        """A speculative step's result (rank-identical): drafts accepted per request."""
+    def _launched_mode(self, batch) -> int:
+        """The mode of the batch's last launch (spec_num_steps is None while the
+        policy has not chosen a step count for it)."""
+        if batch.spec_plain_step:
+            return PLAIN
+        return batch.spec_num_steps or self.initial_steps
+
+    def observe_verify(
+        self, num_steps: int, num_correct_drafts_per_req: List[int]
+    ) -> None:
+        """A speculative step's result (rank-identical): its draft step count and
+        the drafts each request accepted."""
         num_requests = len(num_correct_drafts_per_req)
         num_tokens = sum(num_correct_drafts_per_req) + num_requests
-        self.pending.add_verify(self.num_steps, num_tokens, num_requests)
+        self.pending.add_verify(num_steps, num_tokens, num_requests)
         if self.trace is not None:
-            self.trace.verify(self.num_steps, num_tokens, num_requests)
+            self.trace.verify(num_steps, num_tokens, num_requests)
 
     def get_state(self) -> Dict[str, object]:
         step_counts = self.step_counts

@@ -21,7 +21,7 @@ import os
 import tempfile
 import time
 import unittest
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.cpu_spec_engine import cpu_spec_engine
@@ -62,7 +62,10 @@ class CpuEngineTestBase(CustomTestCase):
 
     spec = EAGLE3_CHAIN
     engine_args: Dict[str, object] = {}
-    engine_env: Dict[str, str] = {}
+    # --speculative-adaptive with these tiers: {batch size: candidate step counts}.
+    adaptive_tiers: Optional[Dict[int, List[int]]] = None
+    # Whether auto writes its step trace (to cls.trace_path).
+    step_trace = False
     seed = 0
 
     @classmethod
@@ -71,17 +74,38 @@ class CpuEngineTestBase(CustomTestCase):
             "tiny", DRAFT_ACCEPT, draft_kv_check=True
         )
         cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
+        cls._tmp = tempfile.TemporaryDirectory()
+        engine_args, env = dict(cls.engine_args), dict(LEAK_CHECK_ENV)
+        if cls.adaptive_tiers is not None:
+            config = os.path.join(cls._tmp.name, "adaptive.json")
+            with open(config, "w") as f:
+                tiers = {
+                    str(bs): {"candidate_steps": c}
+                    for bs, c in cls.adaptive_tiers.items()
+                }
+                json.dump(tiers, f)
+            engine_args.update(
+                speculative_adaptive=True, speculative_adaptive_config=config
+            )
+        if cls.step_trace:
+            cls.trace_path = os.path.join(cls._tmp.name, "steps.jsonl")
+            env["SGLANG_LOAD_AWARE_STEP_TRACE"] = cls.trace_path
         cls._engine = cpu_spec_engine(
-            env={**LEAK_CHECK_ENV, **cls.engine_env},
+            env=env,
             model_path=cls.target,
             **eagle3_args(cls.draft, **cls.spec),
-            **cls.engine_args,
+            **engine_args,
         )
-        cls.engine = cls._engine.__enter__()
+        try:
+            cls.engine = cls._engine.__enter__()
+        except BaseException:
+            cls._tmp.cleanup()
+            raise
 
     @classmethod
     def tearDownClass(cls):
         cls._engine.__exit__(None, None, None)
+        cls._tmp.cleanup()
 
     def prompts(self, num: int, seed: int) -> List[List[int]]:
         return random_prompts(
@@ -230,30 +254,8 @@ class TestAdaptiveZeroStepTier(CpuEngineTestBase):
     decode steps are the plain step."""
 
     spec = EAGLE3_CHAIN
+    adaptive_tiers = {1: [3], 2: [0]}
     seed = 3
-
-    @classmethod
-    def setUpClass(cls):
-        cls.adaptive_config = tempfile.NamedTemporaryFile("w", suffix=".json")
-        json.dump(
-            {"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [0]}},
-            cls.adaptive_config,
-        )
-        cls.adaptive_config.flush()
-        cls.engine_args = dict(
-            speculative_adaptive=True,
-            speculative_adaptive_config=cls.adaptive_config.name,
-        )
-        try:
-            super().setUpClass()
-        except BaseException:
-            cls.adaptive_config.close()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        super().tearDownClass()
-        cls.adaptive_config.close()
 
     def test_zero_step_tier_runs_plain_steps_then_speculates(self):
         outputs = self.run_mixed_batch(seed=1)
@@ -387,9 +389,7 @@ class TestChainAutoOverlap(CpuEngineTestBase):
         speculative_disable_batch_threshold="auto",
         speculative_load_aware_min_dwell_steps=0,
     )
-    trace_dir = tempfile.TemporaryDirectory()
-    trace_path = os.path.join(trace_dir.name, "steps.jsonl")
-    engine_env = {"SGLANG_LOAD_AWARE_STEP_TRACE": trace_path}
+    step_trace = True
     seed = 4
 
     def test_times_both_modes_and_serves_the_intended_tokens(self):
@@ -437,6 +437,40 @@ class TestChainAutoOverlap(CpuEngineTestBase):
         rate = {p: r["tokens_per_second"] for p, r in results.items()}
         self.assertGreater(rate["auto"], 2 * rate["always"])
         self.assertLess(results["auto"]["spec_step_share"], 0.1)
+
+
+class TestChainAutoAdaptive(CpuEngineTestBase):
+    """auto with --speculative-adaptive: each decode step runs plain, 1 or 3 draft
+    steps (the adaptive candidates), whichever it expects to be fastest; every
+    verify is counted at the step count it ran."""
+
+    spec = EAGLE3_CHAIN
+    engine_args = dict(
+        speculative_disable_batch_threshold="auto",
+        speculative_load_aware_min_dwell_steps=0,
+    )
+    adaptive_tiers = {1: [1, 3]}
+    step_trace = True
+    seed = 5
+
+    def test_times_every_step_count_and_serves_the_intended_tokens(self):
+        self.run_mixed_batch(seed=1)
+        self.run_lone_request(seed=2)
+        state = self.load_aware_state()
+        print(f"[cpu-engine] {state}")
+        costs = state["step_costs_seconds"]
+        self.assertEqual(set(costs), {"0", "1", "3"})
+        timed = {mode for mode, by_bs in costs.items() if any(by_bs.values())}
+        self.assertEqual(timed, {"0", "1", "3"})
+        with open(self.trace_path) as f:
+            verifies = [r for r in map(json.loads, f) if "num_requests" in r]
+        self.assertEqual({r["num_steps"] for r in verifies}, {1, 3})
+        for r in verifies:  # a verify of s draft steps commits at most s + 1 each
+            self.assertLessEqual(
+                r["num_tokens"], (r["num_steps"] + 1) * r["num_requests"]
+            )
+        self.assertGreater(state["accept_length"]["3"], state["accept_length"]["1"])
+        self.assert_engine_alive()
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ class TestLoadAwareValidationPure(CustomTestCase):
             with self.subTest(**overrides):
                 self.assertRaisesNaming(default_args_namespace(**overrides), *needles)
 
-    def test_auto_takes_no_enable_threshold_nor_adaptive(self):
+    def test_auto_takes_no_enable_threshold_but_adaptive(self):
         self.assertRaisesNaming(
             default_args_namespace(
                 speculative_disable_batch_threshold="auto",
@@ -149,13 +149,12 @@ class TestLoadAwareValidationPure(CustomTestCase):
             FLAG_M,
             "auto",
         )
-        self.assertRaisesNaming(
-            default_args_namespace(
-                speculative_disable_batch_threshold="auto", speculative_adaptive=True
-            ),
-            "auto",
-            "--speculative-adaptive",
+        # auto chooses among the adaptive candidates itself.
+        args = default_args_namespace(
+            speculative_disable_batch_threshold="auto", speculative_adaptive=True
         )
+        resolve_load_aware_server_args(args)
+        self.assertTrue(args.speculative_adaptive)
         self.assertRaisesNaming(
             default_args_namespace(speculative_disable_batch_threshold="many"),
             FLAG_N,

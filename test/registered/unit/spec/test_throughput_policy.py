@@ -292,8 +292,10 @@ class TestThroughputSpecPolicy(CustomTestCase):
     def spec_policy(
         self, reduce=list, fold_interval=1, **kwargs
     ) -> ThroughputSpecPolicy:
+        kwargs.setdefault("speculative_steps", [3])
+        kwargs.setdefault("initial_steps", 3)
+        kwargs.setdefault("sets_step_count", False)
         return ThroughputSpecPolicy(
-            num_steps=3,
             max_batch_size=256,
             min_dwell_steps=0,
             reduce=reduce,
@@ -311,17 +313,20 @@ class TestThroughputSpecPolicy(CustomTestCase):
             launch_ts=None,
             spec_plain_step=False,
             spec_prev_plain_step=False,
+            spec_num_steps=None,
         )
         chosen = []
         for _ in range(num_steps):
             policy.plan_decode_step(batch)
             plain = batch.spec_plain_step
-            chosen.append(plain)
+            mode = PLAIN if plain else batch.spec_num_steps or 3
+            chosen.append(mode if policy.sets_step_count else plain)
             clock["forward"] += 1
-            clock["t"] += seconds[PLAIN if plain else 3]
+            clock["t"] += seconds[mode]
             batch.forward_iter, batch.launch_ts = clock["forward"], clock["t"]
             if not plain:
-                policy.observe_verify([round(accept_length) - 1] * batch_size)
+                accepted = accept_length(mode) if callable(accept_length) else accept_length
+                policy.observe_verify(mode, [round(accepted) - 1] * batch_size)
         return chosen
 
     def test_learns_the_crossover_from_the_steps_it_times(self):
@@ -343,11 +348,37 @@ class TestThroughputSpecPolicy(CustomTestCase):
         self.assertGreater(policy.step_counts[("plain", "best_throughput")], 40)
         self.assertGreaterEqual(policy.num_toggles, 1)
 
+    def test_chooses_among_the_adaptive_step_counts(self):
+        """With --speculative-adaptive: plain, 1 or 3 draft steps, whichever the
+        measured times and acceptance favour at each batch size; the worker gets
+        the choice in spec_num_steps."""
+        policy = self.spec_policy(speculative_steps=[1, 3], sets_step_count=True)
+        clock = {"forward": 0, "t": 0.0}
+        # Each draft accepted with p = 0.9: 1.9 tokens per request at 1 step,
+        # 3.44 at 3 (rounded to 2 and 3 accepted tokens here).
+        accepted = {1: 2, 3: 3}.get
+        # batch 4: 3 steps (3 tokens / 0.020 s) beat 1 step (2 / 0.014) and plain.
+        small = self.run_steps(
+            policy, 4, 120, {PLAIN: 0.010, 1: 0.014, 3: 0.020}, accepted, clock
+        )
+        self.assertGreater(small[-50:].count(3), 45)
+        # batch 64: 1 step (2 / 0.024 s) beats 3 steps (3 / 0.060) and plain (1 / 0.016).
+        mid = self.run_steps(
+            policy, 64, 120, {PLAIN: 0.016, 1: 0.024, 3: 0.060}, accepted, clock
+        )
+        self.assertGreater(mid[-50:].count(1), 45)
+        state = policy.get_state()
+        self.assertAlmostEqual(state["step_costs_seconds"]["1"][64], 0.024)
+        self.assertAlmostEqual(state["accept_length"]["1"], 2.0)
+        self.assertAlmostEqual(state["accept_length"]["3"], 3.0)
+
     def test_a_batch_made_by_a_prefill_is_not_timed(self):
         policy = self.spec_policy()
         prefill = SimpleNamespace(is_decode=lambda: False)
         decode = SimpleNamespace(is_decode=lambda: True)
-        batch = SimpleNamespace(batch_size=lambda: 8, spec_plain_step=False)
+        batch = SimpleNamespace(
+            batch_size=lambda: 8, spec_plain_step=False, spec_num_steps=None
+        )
         # Under overlap the third launch waits for the prefill's result: 5 s.
         launches = [(prefill, 1, 0.0), (decode, 2, 0.01), (decode, 3, 5.01)]
         for mode, forward_iter, launch_ts in launches:
