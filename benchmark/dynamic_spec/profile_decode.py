@@ -26,7 +26,17 @@ import time
 from typing import Any, Dict, List
 
 import aiohttp
-import bench_sweep as bench
+from sweep.cli import (
+    add_server_args,
+    generated_pair,
+    selected_configs,
+    with_suggested_threshold,
+)
+from sweep.client import PromptSource
+from sweep.configs import Config
+from sweep.loops import closed_loop
+from sweep.results import results_dir
+from sweep.server import serving
 from trace_summary import format_summary, load_events, summarize_trace
 
 
@@ -37,8 +47,8 @@ def workload_suffix(args) -> str:
 
 async def profile_at(
     args,
-    config: bench.Config,
-    prompts: bench.PromptSource,
+    config: Config,
+    prompts: PromptSource,
     concurrency: int,
     out_dir: str,
 ) -> str:
@@ -51,7 +61,7 @@ async def profile_at(
     # The closed loop draws from the endless source until the profile is written.
     load_prompts = prompts if args.closed_loop else prompts.take(concurrency)
     load = asyncio.create_task(
-        bench.closed_loop(args.url, load_prompts, args.output_len, concurrency)
+        closed_loop(args.url, load_prompts, args.output_len, concurrency)
     )
     await asyncio.sleep(args.warmup_seconds)  # all prefilled, decoding
     async with aiohttp.ClientSession() as session:
@@ -86,13 +96,9 @@ async def wait_for_trace(profile_dir: str, load: asyncio.Task, timeout=120) -> s
     raise RuntimeError(f"no trace written into {profile_dir}")
 
 
-def profile_config(
-    args, config: bench.Config, target, draft, out_dir: str
-) -> List[dict]:
-    prompts = bench.PromptSource(args.input_len)
-    with bench.serving(
-        args, config, target, draft, prompts, args.concurrency
-    ) as launch:
+def profile_config(args, config: Config, target, draft, out_dir: str) -> List[dict]:
+    prompts = PromptSource(args.input_len)
+    with serving(args, config, target, draft, prompts, args.concurrency) as launch:
         profiles = []
         for concurrency in args.concurrency:
             trace = asyncio.run(profile_at(args, config, prompts, concurrency, out_dir))
@@ -122,7 +128,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    bench.add_server_args(parser)
+    add_server_args(parser)
     parser.set_defaults(concurrency=[64], output_len=4096)
     parser.add_argument("--steps", type=int, default=16, help="decode steps profiled")
     parser.add_argument(
@@ -141,12 +147,12 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    configs = bench.selected_configs(args)
-    target, draft = bench.generated_pair(args.preset, args.draft_accept)
-    out_dir = bench.results_dir(args)
+    configs = selected_configs(args)
+    target, draft = generated_pair(args.preset, args.draft_accept)
+    out_dir = results_dir(args)
     profiles = []
     for config in configs:
-        config = bench.with_suggested_threshold(args, config)
+        config = with_suggested_threshold(args, config)
         profiles += profile_config(args, config, target, draft, out_dir)
         write_profiles(out_dir, f"profiles{workload_suffix(args)}", profiles)
         print(f"{config.name}: profiles in {out_dir}", flush=True)

@@ -8,9 +8,11 @@ of speculative and plain engines can be compared token by token.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import json
 import os
+import pkgutil
 import random
 import subprocess
 import sys
@@ -59,6 +61,19 @@ def load_benchmark_script(name: str) -> types.ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_benchmark_package(name: str) -> types.ModuleType:
+    """Package ``name`` of benchmark/dynamic_spec/ of this checkout (e.g. ``sweep``),
+    imported as the scripts there import it (with that directory on sys.path), and
+    all of its modules: ``sweep.stats`` and the others are attributes of it."""
+    directory = str(REPO_ROOT / "benchmark" / "dynamic_spec")
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    package = importlib.import_module(name)
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{name}.{module.name}")
+    return package
 
 
 def tiny_llama_config_dir() -> tempfile.TemporaryDirectory:

@@ -1,5 +1,6 @@
-"""benchmark/dynamic_spec/bench_sweep.py: per-point statistics and the result files
-(summary.json for machines, markdown and PNG for people). No server, no GPU."""
+"""benchmark/dynamic_spec/bench_sweep.py (its package, sweep/): the client, the
+workloads, per-point statistics, the servers' flags and the result files (summary.json
+for machines, markdown and PNG for people). No server, no GPU."""
 
 import argparse
 import asyncio
@@ -18,10 +19,19 @@ from unittest import mock
 from aiohttp import web
 
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.spec_engine_utils import load_benchmark_script, synthetic_pair
+from sglang.test.spec_engine_utils import (
+    EAGLE3_CHAIN,
+    EAGLE3_TREE,
+    cli_args,
+    load_benchmark_package,
+    synthetic_pair,
+)
+from sglang.test.synthetic_spec_models import parse_draft_accept
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
+
+sweep = load_benchmark_package("sweep")
 
 SUMMARY_POINT_KEYS = {
     "config",
@@ -36,41 +46,39 @@ SUMMARY_POINT_KEYS = {
 
 
 class TestBenchSweepResults(CustomTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.bench = load_benchmark_script("bench_sweep")
-
     def result(self, ttft, latency, tokens, verify=0, correct=0):
-        return self.bench.RequestResult(ttft, latency, tokens, verify, correct, latency)
+        return sweep.client.RequestResult(
+            ttft, latency, tokens, verify, correct, latency
+        )
 
     def closed_run(self, results, wall, client_cpu=0.0):
         tokens = sum(r.output_tokens for r in results)
-        return self.bench.Run(results, tokens, wall, client_cpu)
+        return sweep.stats.Run(results, tokens, wall, client_cpu)
 
     def test_summarize_counts_speculative_steps_only(self):
         results = [
             self.result(0.1, 1.1, 11, verify=4, correct=4),
             self.result(0.2, 2.2, 21),
         ]
-        point = self.bench.summarize([self.closed_run(results, 2.0)])
+        point = sweep.stats.summarize([self.closed_run(results, 2.0)])
         self.assertAlmostEqual(point["output_tok_s"], 16.0)
         self.assertAlmostEqual(point["tpot_p50_ms"], 100.0)
         self.assertAlmostEqual(point["accept_length"], 2.0)
-        no_spec = self.bench.summarize(
+        no_spec = sweep.stats.summarize(
             [self.closed_run([self.result(0.1, 1.1, 11)], 1.0)]
         )
         self.assertIsNone(no_spec["accept_length"])
 
     def test_repeats_give_the_median_and_spread_of_throughput(self):
         run = [self.result(0.1, 1.1, 10)]
-        point = self.bench.summarize(
+        point = sweep.stats.summarize(
             [self.closed_run(run, wall) for wall in (1.0, 2.0, 0.5)]
         )
         self.assertEqual(point["num_requests"], 3)
         self.assertAlmostEqual(point["output_tok_s"], 10.0)
         self.assertAlmostEqual(point["output_tok_s_min"], 5.0)
         self.assertAlmostEqual(point["output_tok_s_max"], 20.0)
-        cell = self.bench.markdown_cell({**point, "spec_step_share": 1.0})
+        cell = sweep.tables.markdown_cell({**point, "spec_step_share": 1.0})
         self.assertEqual(cell, "10 [5-20] (100% spec)")
 
     def test_a_point_repeats_whole_closed_loops_until_its_minimum_duration(self):
@@ -82,16 +90,18 @@ class TestBenchSweepResults(CustomTestCase):
             return [self.result(0.1, 0.2, output_len) for _ in prompts]
 
         fake_time = mock.Mock(perf_counter=lambda: clock[0], process_time=lambda: 0.0)
-        prompts = self.bench.PromptSource(input_len=4)
-        with mock.patch.multiple(self.bench, closed_loop=closed_loop, time=fake_time):
-            run = self.bench.closed_loops_for(0.05, "u", prompts, 2, 8, 2)
+        prompts = sweep.client.PromptSource(input_len=4)
+        with mock.patch.multiple(
+            sweep.workloads, closed_loop=closed_loop, time=fake_time
+        ):
+            run = sweep.workloads.closed_loops_for(0.05, "u", prompts, 2, 8, 2)
             self.assertEqual(len(calls), 3)
             self.assertAlmostEqual(run.wall, 0.06)
             self.assertEqual(set(calls), {("u", 2, 8, 2)})
             self.assertEqual(len(run.results), 2 * len(calls))
             self.assertEqual(run.tokens, 8 * len(run.results))
             calls.clear()
-            self.bench.closed_loops_for(0, "u", prompts, 1, 8, 1)
+            sweep.workloads.closed_loops_for(0, "u", prompts, 1, 8, 1)
             self.assertEqual(len(calls), 1)  # always one whole loop
 
     def test_drawing_prompts_is_not_timed(self):
@@ -102,7 +112,7 @@ class TestBenchSweepResults(CustomTestCase):
             cpu[0] += 0.01
             return [self.result(0.1, 0.2, output_len) for _ in prompts]
 
-        class SlowPrompts(self.bench.PromptSource):
+        class SlowPrompts(sweep.client.PromptSource):
             def take(self, num):
                 clock[0] += 1.0
                 cpu[0] += 1.0
@@ -111,8 +121,10 @@ class TestBenchSweepResults(CustomTestCase):
         fake_time = mock.Mock(
             perf_counter=lambda: clock[0], process_time=lambda: cpu[0]
         )
-        with mock.patch.multiple(self.bench, closed_loop=closed_loop, time=fake_time):
-            run = self.bench.closed_loops_for(
+        with mock.patch.multiple(
+            sweep.workloads, closed_loop=closed_loop, time=fake_time
+        ):
+            run = sweep.workloads.closed_loops_for(
                 0.05, "u", SlowPrompts(input_len=4), 2, 8, 2
             )
         self.assertEqual(len(run.results), 6)
@@ -136,19 +148,19 @@ class TestBenchSweepResults(CustomTestCase):
             repeats=2,
             steady=False,
         )
-        nospec = self.bench.KNOWN_CONFIGS["nospec"]
+        nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
         with mock.patch.multiple(
-            self.bench,
+            sweep.workloads,
             closed_loops_for=closed_loops_for,
             server_state=lambda url: {},
             tqdm=mock.Mock(write=warnings.append),
         ):
-            point = self.bench.measure_point(args, nospec, None, 4)
+            point = sweep.workloads.measure_point(args, nospec, None, 4)
             self.assertAlmostEqual(point["client_cpu_share"], 0.9)
             self.assertEqual(len(warnings), 1)
             self.assertIn("nospec C=4: the client kept 90% of a core busy", warnings[0])
             client_cpu[:] = [1.0, 1.0]
-            point = self.bench.measure_point(args, nospec, None, 4)
+            point = sweep.workloads.measure_point(args, nospec, None, 4)
             self.assertAlmostEqual(point["client_cpu_share"], 0.5)
             self.assertEqual(len(warnings), 1)
 
@@ -159,15 +171,15 @@ class TestBenchSweepResults(CustomTestCase):
             loops.append(prompts)
             return [self.result(0.1, 0.2, output_len) for _ in prompts]
 
-        prompts = self.bench.PromptSource(input_len=16)
-        with mock.patch.object(self.bench, "closed_loop", closed_loop):
-            self.bench.closed_loops_for(0, "u", prompts, 4, 8, 2)
-            self.bench.closed_loops_for(0, "u", prompts, 4, 8, 2)
+        prompts = sweep.client.PromptSource(input_len=16)
+        with mock.patch.object(sweep.workloads, "closed_loop", closed_loop):
+            sweep.workloads.closed_loops_for(0, "u", prompts, 4, 8, 2)
+            sweep.workloads.closed_loops_for(0, "u", prompts, 4, 8, 2)
         issued = [tuple(p) for loop in loops for p in loop]
         self.assertEqual(len(issued), 8)
         self.assertEqual(len(set(issued)), 8)
         self.assertEqual({len(p) for p in issued}, {16})
-        same_seed = self.bench.PromptSource(input_len=16).take(8)
+        same_seed = sweep.client.PromptSource(input_len=16).take(8)
         self.assertEqual([tuple(p) for p in same_seed], issued)
 
     def test_warm_up_runs_each_concurrency_once_smallest_first(self):
@@ -177,9 +189,9 @@ class TestBenchSweepResults(CustomTestCase):
             loops.append((len(prompts), output_len, concurrency))
             return [self.result(0.1, 0.2, output_len) for _ in prompts]
 
-        with mock.patch.object(self.bench, "closed_loop", closed_loop):
-            self.bench.warm_up("u", self.bench.PromptSource(4), [64, 1, 256, 64, 8])
-        short = self.bench.WARMUP_OUTPUT_LEN
+        with mock.patch.object(sweep.server, "closed_loop", closed_loop):
+            sweep.server.warm_up("u", sweep.client.PromptSource(4), [64, 1, 256, 64, 8])
+        short = sweep.server.WARMUP_OUTPUT_LEN
         self.assertEqual(
             loops, [(c, short, c) for c in (1, 8, 64, 256)], "one full batch per C"
         )
@@ -194,9 +206,9 @@ class TestBenchSweepResults(CustomTestCase):
             in_flight[0] -= 1
             return self.result(0.01, 0.02, output_len)
 
-        with mock.patch.object(self.bench, "one_request", one_request):
+        with mock.patch.object(sweep.loops, "one_request", one_request):
             results = asyncio.run(
-                self.bench.closed_loop("u", [[i] for i in range(5)], 8, 2)
+                sweep.loops.closed_loop("u", [[i] for i in range(5)], 8, 2)
             )
         self.assertEqual(len(results), 5)
         self.assertEqual(sorted(p for p, _ in issued), list(range(5)))
@@ -236,7 +248,7 @@ class TestBenchSweepResults(CustomTestCase):
         prompts = [[i] for i in range(concurrency)]
         results = self.against_server(
             generate,
-            lambda url: self.bench.closed_loop(url, prompts, 8, concurrency),
+            lambda url: sweep.loops.closed_loop(url, prompts, 8, concurrency),
         )
         self.assertEqual(len(results), concurrency)
         self.assertEqual(peak[0], concurrency)
@@ -254,8 +266,8 @@ class TestBenchSweepResults(CustomTestCase):
             return response
 
         async def request(url):
-            async with self.bench.client_session() as session:
-                return await self.bench.one_request(session, url, [1, 2], 3)
+            async with sweep.client.client_session() as session:
+                return await sweep.client.one_request(session, url, [1, 2], 3)
 
         return self.against_server(generate, request)
 
@@ -291,10 +303,10 @@ class TestBenchSweepResults(CustomTestCase):
             return self.result(0.01, 0.02, output_len)
 
         phases, phase_seconds, request_seconds = [2, 4, 2], 0.3, 0.03
-        prompts = self.bench.PromptSource(input_len=4)
-        with mock.patch.object(self.bench, "one_request", one_request):
+        prompts = sweep.client.PromptSource(input_len=4)
+        with mock.patch.object(sweep.loops, "one_request", one_request):
             results, bounds = asyncio.run(
-                self.bench.ramp_loop("u", prompts, 8, phases, phase_seconds)
+                sweep.loops.ramp_loop("u", prompts, 8, phases, phase_seconds)
             )
         self.assertEqual(len(bounds), len(phases) + 1)
         stop = bounds[0] + len(phases) * phase_seconds
@@ -327,8 +339,8 @@ class TestBenchSweepResults(CustomTestCase):
             return response
 
         async def request(url):
-            async with self.bench.client_session() as session:
-                return await self.bench.one_request(session, url, [1], 4, timeline)
+            async with sweep.client.client_session() as session:
+                return await sweep.client.one_request(session, url, [1], 4, timeline)
 
         result = self.against_server(generate, request)
         self.assertEqual([tokens for _, tokens in timeline], [1, 3, 4])
@@ -336,8 +348,8 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(times, sorted(times))
         self.assertLessEqual(times[-1], result.finished_at)
         compact = b'data: {"output_ids":[9,9],"meta_info":{"completion_tokens":12}}'
-        self.assertEqual(self.bench.streamed_tokens(compact), 12)
-        self.assertIsNone(self.bench.streamed_tokens(b'data: {"error": {}}'))
+        self.assertEqual(sweep.client.streamed_tokens(compact), 12)
+        self.assertIsNone(sweep.client.streamed_tokens(b'data: {"error": {}}'))
 
     def staggered_decode(self, stagger: float, step: float = 0.1):
         """one_request of a server that decodes every request at 2 tokens per step of
@@ -352,15 +364,15 @@ class TestBenchSweepResults(CustomTestCase):
             while True:
                 timeline.append((at, tokens))
                 if tokens == output_len:
-                    return self.bench.RequestResult(0.0, at, tokens, 0, 0, at)
+                    return sweep.client.RequestResult(0.0, at, tokens, 0, 0, at)
                 tokens, at = min(tokens + 2, output_len), at + step
 
         return one_request, started
 
     def test_the_decode_rate_counts_only_while_every_request_decodes(self):
         one_request, started = self.staggered_decode(stagger=0.01)
-        with mock.patch.object(self.bench, "one_request", one_request):
-            run = asyncio.run(self.bench.decode_rate_loop("u", [[1]] * 4, 21))
+        with mock.patch.object(sweep.loops, "one_request", one_request):
+            run = asyncio.run(sweep.loops.decode_rate_loop("u", [[1]] * 4, 21))
         self.assertEqual(started, [21] * 4)
         # From 0.03 (request 3's first token) to 1.0 (request 0's last): request 0
         # streams 20 more tokens, the others 18 each (their last chunk is after 1.0).
@@ -368,25 +380,27 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(run.tokens, 20 + 3 * 18)
         self.assertEqual(len(run.results), 4)
         one_request, _ = self.staggered_decode(stagger=0.5)  # 3 starts after 0 ends
-        with mock.patch.object(self.bench, "one_request", one_request):
+        with mock.patch.object(sweep.loops, "one_request", one_request):
             with self.assertRaisesRegex(RuntimeError, "raise --decode-output-len"):
-                asyncio.run(self.bench.decode_rate_loop("u", [[1]] * 4, 20))
+                asyncio.run(sweep.loops.decode_rate_loop("u", [[1]] * 4, 20))
 
     def test_a_decode_rate_repeats_with_new_prompts(self):
         loops = []
 
         async def decode_rate_loop(url, prompts, output_len):
             loops.append((tuple(map(tuple, prompts)), output_len))
-            return self.bench.Run([], 100.0 * len(loops), 1.0, 0.5)
+            return sweep.stats.Run([], 100.0 * len(loops), 1.0, 0.5)
 
         args = argparse.Namespace(url="u", repeats=3, decode_output_len=64)
-        config = self.bench.KNOWN_CONFIGS["plain-topk1"]
+        config = sweep.configs.KNOWN_CONFIGS["plain-topk1"]
         state = {"load_aware_speculation": {"num_spec_steps": 0, "num_plain_steps": 9}}
         with mock.patch.multiple(
-            self.bench, decode_rate_loop=decode_rate_loop, server_state=lambda u: state
+            sweep.workloads,
+            decode_rate_loop=decode_rate_loop,
+            server_state=lambda u: state,
         ):
-            point = self.bench.measure_decode_rate(
-                args, config, self.bench.PromptSource(4), 8
+            point = sweep.workloads.measure_decode_rate(
+                args, config, sweep.client.PromptSource(4), 8
             )
         self.assertEqual(
             point,
@@ -437,15 +451,15 @@ class TestBenchSweepResults(CustomTestCase):
         args = argparse.Namespace(
             url="u", input_len=512, decode_output_len=1024, decode_rate=[64, 128]
         )
-        config = self.bench.KNOWN_CONFIGS["nospec"]
+        config = sweep.configs.KNOWN_CONFIGS["nospec"]
         with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
-            self.bench,
+            sweep.runs,
             serving=serving,
             server_state=lambda url: next(states),
             measure_decode_rate=measure_decode_rate,
             tqdm=lambda items, desc: items,
         ):
-            self.bench.run_decode_rate(args, config, "t", "d", log_dir, saved.append)
+            sweep.runs.run_decode_rate(args, config, "t", "d", log_dir, saved.append)
             self.assertTrue(Path(log_dir, "nospec-decode-rate.log").is_file())
             self.assertEqual(len(saved), 2)
             self.assertEqual(set(saved[-1]), {"config", "decode_rate"})
@@ -457,7 +471,7 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(section["decode_tok_s"], [])
             states = iter([{"memory_usage": {"token_capacity": 64 * 1536 - 1}}])
             with self.assertRaisesRegex(RuntimeError, "do not fit in its KV cache"):
-                self.bench.run_decode_rate(
+                sweep.runs.run_decode_rate(
                     args, config, "t", "d", log_dir, saved.append
                 )
 
@@ -472,7 +486,7 @@ class TestBenchSweepResults(CustomTestCase):
             (nospec,) = records
             self.assertEqual(nospec["commit"], "sweep")  # the sweep's record, kept
             self.assertEqual(nospec["decode_rate"]["commit"], "rates")
-            self.assertTrue(self.bench.finished(nospec))
+            self.assertTrue(sweep.records.finished(nospec))
             # A sweep measured again keeps the decode rates; a config measured only
             # for them gets a record of its own.
             records = self.merge(out_dir, self.record("nospec", 120.0), "sweep2")
@@ -484,7 +498,7 @@ class TestBenchSweepResults(CustomTestCase):
             records = self.merge(out_dir, plain, "rates")
             self.assertEqual([r["config"] for r in records], ["nospec", "plain-topk1"])
             self.assertNotIn("points", records[1])
-            self.bench.write_results(out_dir, records)
+            sweep.results.write_results(out_dir, records)
             summary = json.loads(Path(out_dir, "summary.json").read_text())
             self.assertEqual([p["config"] for p in summary["points"]], ["nospec"] * 2)
             self.assertEqual(summary["kv_capacity_tokens"], {"nospec": 1000})
@@ -512,9 +526,9 @@ class TestBenchSweepResults(CustomTestCase):
 
     def test_a_request_splits_its_tokens_across_windows_by_time(self):
         # First token at t=1, ten more evenly until t=11.
-        request = self.bench.RequestResult(1.0, 11.0, 11, 0, 0, 11.0)
+        request = sweep.client.RequestResult(1.0, 11.0, 11, 0, 0, 11.0)
         before, after = (
-            self.bench.tokens_in_window(request, *window)
+            sweep.loops.tokens_in_window(request, *window)
             for window in [(0.0, 6.0), (6.0, 16.0)]
         )
         self.assertAlmostEqual(before, 6.0)
@@ -530,12 +544,12 @@ class TestBenchSweepResults(CustomTestCase):
             start = time.perf_counter()
             await asyncio.sleep(step * output_len)
             end = time.perf_counter()
-            return self.bench.RequestResult(step, end - start, output_len, 0, 0, end)
+            return sweep.client.RequestResult(step, end - start, output_len, 0, 0, end)
 
-        prompts = self.bench.PromptSource(input_len=4)
-        with mock.patch.object(self.bench, "one_request", one_request):
+        prompts = sweep.client.PromptSource(input_len=4)
+        with mock.patch.object(sweep.loops, "one_request", one_request):
             run = asyncio.run(
-                self.bench.steady_loop("u", prompts, output_len, concurrency, 0.4)
+                sweep.loops.steady_loop("u", prompts, output_len, concurrency, 0.4)
             )
         self.assertEqual(sorted(lengths[:concurrency]), [2, 4, 6, 8])
         self.assertTrue(all(r.output_tokens == output_len for r in run.results))
@@ -555,7 +569,7 @@ class TestBenchSweepResults(CustomTestCase):
         async def ramp_loop(url, prompts, output_len, phases, phase_seconds):
             k = next(scales)
             results = [
-                self.bench.RequestResult(0.1, 0.2, tokens * k, 0, 0, finished_at)
+                sweep.client.RequestResult(0.1, 0.2, tokens * k, 0, 0, finished_at)
                 for tokens, finished_at in ((10, 0.5), (20, 1.5), (30, 2.5))
             ]
             return results, [0.0, 1.0, 2.0, 3.0]
@@ -563,15 +577,15 @@ class TestBenchSweepResults(CustomTestCase):
         args = argparse.Namespace(
             url="u", ramp=[1, 4], repeats=3, output_len=8, ramp_phase_seconds=1.0
         )
-        config = self.bench.KNOWN_CONFIGS["nospec"]
+        config = sweep.configs.KNOWN_CONFIGS["nospec"]
         with mock.patch.multiple(
-            self.bench,
+            sweep.workloads,
             ramp_loop=ramp_loop,
             server_state=lambda url: {},
             spec_step_share=lambda config, before, after: 0.0,
             tqdm=lambda items, desc: items,
         ):
-            ramp = self.bench.run_ramp(args, config, prompts=None)
+            ramp = sweep.workloads.run_ramp(args, config, prompts=None)
         self.assertEqual(
             (ramp["output_tok_s"], ramp["output_tok_s_min"], ramp["output_tok_s_max"]),
             (40.0, 20.0, 60.0),
@@ -582,7 +596,9 @@ class TestBenchSweepResults(CustomTestCase):
         )
         self.assertIn(
             " | 40 [20-60] | ",
-            self.bench.markdown_table([{**self.record("nospec", 100.0), "ramp": ramp}]),
+            sweep.tables.markdown_table(
+                [{**self.record("nospec", 100.0), "ramp": ramp}]
+            ),
         )
 
     def test_the_benchmark_generates_its_pair_in_a_child_process(self):
@@ -593,7 +609,7 @@ class TestBenchSweepResults(CustomTestCase):
                 "sglang.test.synthetic_spec_models.generate",
                 side_effect=AssertionError("generated in the benchmark's process"),
             ):
-                pair = self.bench.generated_pair("tiny", 0.8)
+                pair = sweep.cli.generated_pair("tiny", 0.8)
             for path in pair:
                 self.assertTrue(os.path.isfile(os.path.join(path, "config.json")))
             self.assertEqual(pair, synthetic_pair("tiny", 0.8))
@@ -605,26 +621,24 @@ class TestBenchSweepResults(CustomTestCase):
             Path("bench.py").write_text("a")
             subprocess.run(git + ["add", "bench.py"], check=True)
             subprocess.run(git + ["commit", "-qm", "a"], check=True)
-            head = self.bench.git_commit()
+            head = sweep.results.git_commit()
             Path("bench.py").write_text("b")
             self.assertRegex(head, "^[0-9a-f]{40}$")
-            self.assertEqual(self.bench.git_commit(), head + "-dirty")
+            self.assertEqual(sweep.results.git_commit(), head + "-dirty")
 
     def test_records_of_repeated_prompts_are_named(self):
         old, new = self.record("nospec", 100.0), self.record("eagle3-topk1", 90.0)
         new["unique_prompts"] = True
-        table = self.bench.markdown_table([old, new])
+        table = sweep.tables.markdown_table([old, new])
         self.assertIn("in flight at C=128 and 256: nospec. Their", table)
-        self.assertNotIn("repeated prompts", self.bench.markdown_table([new]))
+        self.assertNotIn("repeated prompts", sweep.tables.markdown_table([new]))
 
     def test_server_args_as_flags(self):
-        flags = self.bench.cli_args(
-            dict(page_size=16, enable_metrics=True, a=False, b=None)
-        )
+        flags = cli_args(dict(page_size=16, enable_metrics=True, a=False, b=None))
         self.assertEqual(flags, ["--page-size", "16", "--enable-metrics"])
 
     def test_config_server_flags(self):
-        configs = self.bench.build_configs(disable_threshold=16)
+        configs = sweep.configs.build_configs(disable_threshold=16)
         args = argparse.Namespace(
             attention_backend="triton",
             tp_size=2,
@@ -632,7 +646,7 @@ class TestBenchSweepResults(CustomTestCase):
             mem_fraction_static=0.8,
         )
         flags = " ".join(
-            self.bench.config_server_args(args, configs["loadaware-topk4"], "/d")
+            sweep.server.config_server_args(args, configs["loadaware-topk4"], "/d")
         )
         self.assertIn("--tp-size 2 --cuda-graph-max-bs 64 ", flags)
         self.assertIn("--max-running-requests 64 ", flags)
@@ -651,11 +665,13 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(
             [getattr(full, f) for f in same], [getattr(kv_only, f) for f in same]
         )
-        per_config = self.bench.build_configs(16, {"loadaware-topk1": 48})
+        per_config = sweep.configs.build_configs(16, {"loadaware-topk1": 48})
         self.assertIn(
             "--speculative-disable-batch-threshold 48",
             " ".join(
-                self.bench.config_server_args(args, per_config["loadaware-topk1"], "/d")
+                sweep.server.config_server_args(
+                    args, per_config["loadaware-topk1"], "/d"
+                )
             ),
         )
         adaptive = configs["loadaware-adaptive-topk1"]
@@ -664,11 +680,11 @@ class TestBenchSweepResults(CustomTestCase):
             adaptive.extra_args,
             ["--speculative-disable-batch-threshold", "16", "--speculative-adaptive"],
         )
-        nospec = self.bench.config_server_args(args, configs["nospec"], "/d")
+        nospec = sweep.server.config_server_args(args, configs["nospec"], "/d")
         self.assertFalse(any(f.startswith("--speculative") for f in nospec))
 
     def test_the_configs_of_0_5_17(self):
-        configs = self.bench.build_configs(disable_threshold=16)
+        configs = sweep.configs.build_configs(disable_threshold=16)
         self.assertEqual(
             list(configs),
             [
@@ -698,14 +714,16 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(
                 flags[flags.index("--speculative-disable-batch-threshold") + 1], "auto"
             )
-            self.assertEqual(self.bench.disable_threshold_of({"server_args": flags}), 1)
+            self.assertEqual(
+                sweep.targets.disable_threshold_of({"server_args": flags}), 1
+            )
         # Plain steps from batch 2 whatever --disable-threshold says, chain and tree.
         for name, spec in [
-            ("plain-topk1", "EAGLE3_CHAIN"),
-            ("plain-topk4", "EAGLE3_TREE"),
+            ("plain-topk1", EAGLE3_CHAIN),
+            ("plain-topk4", EAGLE3_TREE),
         ]:
             plain = configs[name]
-            self.assertEqual(plain.spec, getattr(self.bench, spec))
+            self.assertEqual(plain.spec, spec)
             self.assertEqual(
                 plain.extra_args, ["--speculative-disable-batch-threshold", "2"]
             )
@@ -744,14 +762,14 @@ class TestBenchSweepResults(CustomTestCase):
             AdaptiveSpeculativeParams,
         )
 
-        config = self.bench.KNOWN_CONFIGS["upstream-steps0-topk1"]
+        config = sweep.configs.KNOWN_CONFIGS["upstream-steps0-topk1"]
         args = argparse.Namespace(
             attention_backend="triton",
             tp_size=1,
             concurrency=[1, 256],
             mem_fraction_static=0.8,
         )
-        flags = self.bench.config_server_args(args, config, "/d")
+        flags = sweep.server.config_server_args(args, config, "/d")
         joined = " ".join(flags)
         self.assertIn(
             "--speculative-num-steps 0 --speculative-eagle-topk 1 "
@@ -785,7 +803,7 @@ class TestBenchSweepResults(CustomTestCase):
 
     def fake_pristine(self, root: str, wheel: str) -> str:
         """A tools/fork extraction of wheel under root; returns its directory."""
-        extraction = Path(root, self.bench.PRISTINE_DIR, wheel[-12:])
+        extraction = Path(root, sweep.configs.PRISTINE_DIR, wheel[-12:])
         (extraction / "sglang").mkdir(parents=True)
         (extraction / "sglang" / "__init__.py").write_text("")
         (extraction / ".complete").write_text(wheel + "\n")
@@ -795,33 +813,33 @@ class TestBenchSweepResults(CustomTestCase):
         ours = f"cp{sys.version_info.major}{sys.version_info.minor}"
         with tempfile.TemporaryDirectory() as root:
             with self.assertRaisesRegex(SystemExit, "found none.*tools/fork sync"):
-                self.bench.pristine_upstream(root)
+                sweep.configs.pristine_upstream(root)
             other = self.fake_pristine(root, "sglang-0.5.17-cp399-cp399-x.whl")
             self.assertEqual(
-                self.bench.pristine_upstream(root),
+                sweep.configs.pristine_upstream(root),
                 {"pythonpath": other, "wheel": "sglang-0.5.17-cp399-cp399-x.whl"},
             )
             wheel = f"sglang-0.5.17-{ours}-{ours}-x.whl"
             mine = self.fake_pristine(root, wheel)
-            self.assertEqual(self.bench.pristine_upstream(root)["pythonpath"], mine)
+            self.assertEqual(sweep.configs.pristine_upstream(root)["pythonpath"], mine)
             os.remove(os.path.join(mine, "sglang", "__init__.py"))  # incomplete
-            self.assertEqual(self.bench.pristine_upstream(root)["pythonpath"], other)
-        self.assertEqual(Path(self.bench.REPO_ROOT, "upstream.toml").is_file(), True)
+            self.assertEqual(sweep.configs.pristine_upstream(root)["pythonpath"], other)
+        self.assertEqual(Path(sweep.configs.REPO_ROOT, "upstream.toml").is_file(), True)
 
     def test_a_pristine_server_imports_pristine_upstream(self):
-        configs = self.bench.KNOWN_CONFIGS
+        configs = sweep.configs.KNOWN_CONFIGS
         args = argparse.Namespace(attention_backend="triton")
         with tempfile.TemporaryDirectory() as root:
             wheel = "sglang-0.5.17-cp311-cp311-x.whl"
             tree = self.fake_pristine(root, wheel)
             pristine = {"pythonpath": tree, "wheel": wheel}
             with mock.patch.object(
-                self.bench, "pristine_upstream", lambda: pristine
+                sweep.server, "pristine_upstream", lambda: pristine
             ), mock.patch.dict(os.environ, {"PYTHONPATH": "/elsewhere"}):
                 upstream = configs["upstream-adaptive-topk1"]
-                env = self.bench.server_env(args, upstream)
+                env = sweep.server.server_env(args, upstream)
                 self.assertEqual(env["PYTHONPATH"], tree + os.pathsep + "/elsewhere")
-                code = self.bench.code_that_runs(upstream, env)
+                code = sweep.server.code_that_runs(upstream, env)
                 self.assertEqual(
                     code,
                     {
@@ -830,14 +848,14 @@ class TestBenchSweepResults(CustomTestCase):
                         "wheel": wheel,
                     },
                 )
-                fork_env = self.bench.server_env(args, configs["adaptive-topk1"])
+                fork_env = sweep.server.server_env(args, configs["adaptive-topk1"])
                 self.assertNotIn("PYTHONPATH", fork_env)
-                fork = self.bench.code_that_runs(configs["adaptive-topk1"], fork_env)
+                fork = sweep.server.code_that_runs(configs["adaptive-topk1"], fork_env)
                 self.assertEqual(fork["sglang"], "fork")
                 self.assertFalse(fork["origin"].startswith(tree))
                 # A PYTHONPATH that does not reach the pristine tree is refused.
                 with self.assertRaisesRegex(RuntimeError, "not from pristine upstream"):
-                    self.bench.code_that_runs(upstream, fork_env)
+                    sweep.server.code_that_runs(upstream, fork_env)
 
     def test_a_launch_records_the_code_that_ran(self):
         launched = []
@@ -855,16 +873,16 @@ class TestBenchSweepResults(CustomTestCase):
             mem_fraction_static=0.8,
             url="u",
         )
-        config = self.bench.KNOWN_CONFIGS["upstream-steps0-topk1"]
+        config = sweep.configs.KNOWN_CONFIGS["upstream-steps0-topk1"]
         with mock.patch.multiple(
-            self.bench,
+            sweep.server,
             running_server=running_server,
             wait_gpu_idle=lambda: None,
             warm_up=lambda *a: None,
             server_env=lambda args, config: {"PYTHONPATH": "/p"},
             code_that_runs=lambda config, env: code,
         ):
-            with self.bench.serving(args, config, "/t", "/d", None, [1]) as launch:
+            with sweep.server.serving(args, config, "/t", "/d", None, [1]) as launch:
                 pass
         self.assertEqual(launched, [{"PYTHONPATH": "/p"}])
         self.assertEqual(launch["code"], code)
@@ -875,7 +893,7 @@ class TestBenchSweepResults(CustomTestCase):
         record["code"] = {**code, "wheel": "sglang-0.5.17-x.whl"}
         self.assertIn(
             "(abc; the server ran pristine upstream, sglang-0.5.17-x.whl)",
-            self.bench.results_markdown([record], "t"),
+            sweep.tables.results_markdown([record], "t"),
         )
 
     def test_records_of_configs_that_no_longer_exist_still_render(self):
@@ -885,7 +903,7 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(
                 [r["config"] for r in records], ["nospec", "loadaware-topk4-v1"]
             )
-            self.bench.write_results(out_dir, records)
+            sweep.results.write_results(out_dir, records)
             self.assertIn(
                 "| loadaware-topk4-v1 | 1000 |", Path(out_dir, "results.md").read_text()
             )
@@ -898,8 +916,8 @@ class TestBenchSweepResults(CustomTestCase):
             mem_fraction_static=0.8,
             decode_rate=[128, 256],
         )
-        nospec = self.bench.KNOWN_CONFIGS["nospec"]
-        flags = " ".join(self.bench.config_server_args(args, nospec, "/d"))
+        nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
+        flags = " ".join(sweep.server.config_server_args(args, nospec, "/d"))
         self.assertIn("--cuda-graph-max-bs 256 --max-running-requests 256 ", flags)
 
     def test_decode_rate_runs_instead_of_the_sweep(self):
@@ -920,9 +938,9 @@ class TestBenchSweepResults(CustomTestCase):
                 ("run_config", runner("sweep")),
                 ("run_decode_rate", runner("decode rate")),
             ]:
-                stack.enter_context(mock.patch.object(self.bench, name, value))
+                stack.enter_context(mock.patch.object(sweep.cli, name, value))
             stack.enter_context(mock.patch.object(sys, "argv", argv))
-            self.bench.main()
+            sweep.cli.main()
         self.assertEqual(
             ran,
             [
@@ -943,7 +961,9 @@ class TestBenchSweepResults(CustomTestCase):
 
     def test_bench_serving_gets_our_workload_offline(self):
         args = self.bench_serving_args()
-        command = self.bench.bench_serving_command(args, "/models/t", 8, 32, "/o.jsonl")
+        command = sweep.bench_serving.bench_serving_command(
+            args, "/models/t", 8, 32, "/o.jsonl"
+        )
         self.assertEqual(
             command[:3], [sys.executable, "-m", "sglang.benchmark.serving"]
         )
@@ -976,7 +996,8 @@ class TestBenchSweepResults(CustomTestCase):
         ]:
             self.assertEqual(command[command.index(flag) + 1], value, flag)
         self.assertEqual(
-            self.bench.OFFLINE_ENV, {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+            sweep.bench_serving.OFFLINE_ENV,
+            {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         )
         # Its client counts and times only streamed text: servers keep their tokenizer.
         server = argparse.Namespace(
@@ -985,13 +1006,15 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[8],
             mem_fraction_static=0.8,
         )
-        nospec = self.bench.KNOWN_CONFIGS["nospec"]
+        nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
         self.assertIn(
-            "--skip-tokenizer-init", self.bench.config_server_args(server, nospec, "/d")
+            "--skip-tokenizer-init",
+            sweep.server.config_server_args(server, nospec, "/d"),
         )
         server.bench_serving = True
         self.assertNotIn(
-            "--skip-tokenizer-init", self.bench.config_server_args(server, nospec, "/d")
+            "--skip-tokenizer-init",
+            sweep.server.config_server_args(server, nospec, "/d"),
         )
 
     def test_bench_serving_results_come_from_its_output_file(self):
@@ -1008,7 +1031,7 @@ class TestBenchSweepResults(CustomTestCase):
             path = Path(tmp, "o.jsonl")
             path.write_text("".join(json.dumps(r) + "\n" for r in runs))
             self.assertEqual(
-                self.bench.bench_serving_result(str(path), 4),
+                sweep.bench_serving.bench_serving_result(str(path), 4),
                 {
                     "num_requests": 12,
                     "output_tok_s": 200.0,
@@ -1019,7 +1042,7 @@ class TestBenchSweepResults(CustomTestCase):
                 },
             )
             with self.assertRaisesRegex(RuntimeError, r"completed \[4, 4, 4\] of 5"):
-                self.bench.bench_serving_result(str(path), 5)
+                sweep.bench_serving.bench_serving_result(str(path), 5)
 
     def test_bench_serving_runs_against_the_server_offline(self):
         """The real bench_serving of this sglang, against a stand-in server that
@@ -1058,7 +1081,7 @@ class TestBenchSweepResults(CustomTestCase):
             web.get("/v1/models", models),
             web.get("/server_info", info),
         ]
-        config = self.bench.KNOWN_CONFIGS["nospec"]
+        config = sweep.configs.KNOWN_CONFIGS["nospec"]
         with tempfile.TemporaryDirectory() as root, mock.patch.dict(
             os.environ, {"SGLANG_SYNTHETIC_MODELS_DIR": root}
         ):
@@ -1067,7 +1090,7 @@ class TestBenchSweepResults(CustomTestCase):
             async def load(url):
                 args = self.bench_serving_args(url)
                 return await asyncio.to_thread(
-                    self.bench.run_bench_serving, args, config, target, 2, root
+                    sweep.bench_serving.run_bench_serving, args, config, target, 2, root
                 )
 
             result = self.against_server(None, load, routes)
@@ -1092,16 +1115,20 @@ class TestBenchSweepResults(CustomTestCase):
             "output_tok_s_min": 750.0,
             "output_tok_s_max": 770.0,
         }
-        table = self.bench.bench_serving_table([record, self.record("eagle3-topk1", 1)])
+        table = sweep.tables.bench_serving_table(
+            [record, self.record("eagle3-topk1", 1)]
+        )
         self.assertIn("| config | C=1 | C=8 |", table)
         self.assertIn("| nospec | - | 760 [750-770], 0.95x |", table)
         self.assertNotIn("eagle3-topk1", table)
         self.assertEqual(
-            self.bench.summary_point(record["points"][1])["bench_serving_output_tok_s"],
+            sweep.results.summary_point(record["points"][1])[
+                "bench_serving_output_tok_s"
+            ],
             760.0,
         )
         self.assertEqual(
-            set(self.bench.summary_point(record["points"][0])), SUMMARY_POINT_KEYS
+            set(sweep.results.summary_point(record["points"][0])), SUMMARY_POINT_KEYS
         )
 
     def test_a_point_runs_bench_serving_when_asked(self):
@@ -1126,7 +1153,7 @@ class TestBenchSweepResults(CustomTestCase):
         )
         saved = []
         with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
-            self.bench,
+            sweep.runs,
             serving=serving,
             server_state=lambda url: {"memory_usage": {"token_capacity": 9}},
             measure_point=lambda args, config, prompts, c: {"concurrency": c},
@@ -1134,8 +1161,8 @@ class TestBenchSweepResults(CustomTestCase):
             run_ramp=lambda args, config, prompts: {},
             tqdm=lambda items, desc: items,
         ):
-            config = self.bench.KNOWN_CONFIGS["nospec"]
-            self.bench.run_config(args, config, "/t", "/d", log_dir, saved.append)
+            config = sweep.configs.KNOWN_CONFIGS["nospec"]
+            sweep.runs.run_config(args, config, "/t", "/d", log_dir, saved.append)
         self.assertEqual(calls, [("nospec", "/t", 1), ("nospec", "/t", 8)])
         self.assertEqual(
             saved[-1]["points"],
@@ -1147,7 +1174,7 @@ class TestBenchSweepResults(CustomTestCase):
 
     def test_per_config_thresholds_only_for_load_aware_configs(self):
         parser = argparse.ArgumentParser()
-        self.bench.add_server_args(parser)
+        sweep.cli.add_server_args(parser)
         args = parser.parse_args(
             [
                 "--configs",
@@ -1157,32 +1184,32 @@ class TestBenchSweepResults(CustomTestCase):
             ]
         )
         self.assertEqual(args.disable_threshold_for, [("loadaware-topk1", 48)])
-        (config,) = self.bench.selected_configs(args)
-        self.assertEqual(self.bench.model_name(args), "tiny-p0.8")
+        (config,) = sweep.cli.selected_configs(args)
+        self.assertEqual(sweep.results.model_name(args), "tiny-p0.8")
         args.tp_size = 8
-        self.assertEqual(self.bench.model_name(args), "tiny-p0.8-tp8")
+        self.assertEqual(sweep.results.model_name(args), "tiny-p0.8-tp8")
         args.out_dir, args.results_date = "/r", "2026-11-29"
-        self.assertEqual(self.bench.results_dir(args), "/r/2026-11-29-tiny-p0.8-tp8")
+        self.assertEqual(sweep.results.results_dir(args), "/r/2026-11-29-tiny-p0.8-tp8")
         self.assertEqual(config.extra_args[-1], "48")
         args.disable_threshold_for = [("nospec", 48)]
         with self.assertRaises(SystemExit):
-            self.bench.selected_configs(args)
+            sweep.cli.selected_configs(args)
         with self.assertRaises(argparse.ArgumentTypeError):
-            self.bench.config_threshold("loadaware-topk1:48")
+            sweep.cli.config_threshold("loadaware-topk1:48")
 
     def test_spec_step_share_from_policy_counts(self):
-        configs = self.bench.build_configs(disable_threshold=8)
+        configs = sweep.configs.build_configs(disable_threshold=8)
         before = {
             "load_aware_speculation": {"num_spec_steps": 10, "num_plain_steps": 5}
         }
         after = {
             "load_aware_speculation": {"num_spec_steps": 40, "num_plain_steps": 95}
         }
-        share = self.bench.spec_step_share(configs["loadaware-topk4"], before, after)
+        share = sweep.server.spec_step_share(configs["loadaware-topk4"], before, after)
         self.assertAlmostEqual(share, 0.25)
-        self.assertEqual(self.bench.spec_step_share(configs["nospec"], {}, {}), 0.0)
+        self.assertEqual(sweep.server.spec_step_share(configs["nospec"], {}, {}), 0.0)
         self.assertEqual(
-            self.bench.spec_step_share(configs["eagle3-topk4"], {}, {}), 1.0
+            sweep.server.spec_step_share(configs["eagle3-topk4"], {}, {}), 1.0
         )
 
     def record(self, name: str, speed: float, commit: str = "abc") -> dict:
@@ -1214,12 +1241,12 @@ class TestBenchSweepResults(CustomTestCase):
         return {"model": "tiny-p0.8", "gpu": "none", "commit": commit, "command": "b"}
 
     def merge(self, out_dir: str, record: dict, commit: str = "abc") -> list:
-        return self.bench.merge_record(out_dir, record, self.header(commit))
+        return sweep.records.merge_record(out_dir, record, self.header(commit))
 
     def test_write_results_produces_summary_table_and_plot(self):
         with tempfile.TemporaryDirectory() as out_dir:
             self.merge(out_dir, self.record("loadaware-topk4", 150.0))
-            self.bench.write_results(
+            sweep.results.write_results(
                 out_dir, self.merge(out_dir, self.record("nospec", 100.0))
             )
             summary = json.loads(Path(out_dir, "summary.json").read_text())
@@ -1246,7 +1273,7 @@ class TestBenchSweepResults(CustomTestCase):
         load_aware = self.record("loadaware-topk4", 95.0)
         load_aware["points"][0]["output_tok_s"] = 99.0  # C=1: vs max(100, 90)
         load_aware["kv_capacity_tokens"] = 960
-        table = self.bench.targets_table([nospec, always_on, load_aware])
+        table = sweep.targets.targets_table([nospec, always_on, load_aware])
         self.assertIn(
             "| loadaware-topk4 | 0.95 at C=8 missed | 0.95 at C=8 missed "
             "| 0.95 missed | 0.96 missed |",
@@ -1255,7 +1282,7 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertNotIn("| nospec |", table)
         # A missing reference leaves its targets open; C < N is not compared with nospec.
         load_aware["points"][1]["output_tok_s"] = 1000.0
-        table = self.bench.targets_table([nospec, load_aware])
+        table = sweep.targets.targets_table([nospec, load_aware])
         self.assertIn("| loadaware-topk4 | - | 1.25 at C=8 met | - | - |", table)
 
     def test_suggested_threshold_is_where_no_speculation_stays_ahead(self):
@@ -1263,30 +1290,31 @@ class TestBenchSweepResults(CustomTestCase):
         for p in nospec["points"] + spec["points"]:
             p["concurrency"] *= 4  # C = 4, 32
         spec["points"][0]["output_tok_s"] = 500.0  # speculation wins at C=4
-        self.assertEqual(self.bench.crossover_concurrency(nospec, spec), 32)
+        self.assertEqual(sweep.targets.crossover_concurrency(nospec, spec), 32)
         self.assertIn(
             "- eagle3-topk1: no speculation is as fast from C=32 on: disable threshold 32",
-            self.bench.suggested_thresholds([nospec, spec]),
+            sweep.targets.suggested_thresholds([nospec, spec]),
         )
         spec["points"][1]["output_tok_s"] = 4000.0  # and at C=32
-        self.assertIsNone(self.bench.crossover_concurrency(nospec, spec))
+        self.assertIsNone(sweep.targets.crossover_concurrency(nospec, spec))
         spec["points"][0]["output_tok_s"] = spec["points"][1]["output_tok_s"] = 1.0
         self.assertIn(
-            "speculation does not pay", self.bench.suggested_thresholds([nospec, spec])
+            "speculation does not pay",
+            sweep.targets.suggested_thresholds([nospec, spec]),
         )
 
     def test_ramp_gain_of_switching_takes_the_faster_config_per_phase(self):
         nospec, spec = self.crossing_at_8()
         nospec["ramp"]["phases"] = [{"concurrency": c} for c in (1, 8, 1)]
         # Per phase: 300 + 800 + 300 against 1000 for either config alone.
-        self.assertAlmostEqual(self.bench.ramp_gain_of_switching(nospec, spec), 1.4)
+        self.assertAlmostEqual(sweep.targets.ramp_gain_of_switching(nospec, spec), 1.4)
         self.assertIn(
             "disable threshold 8; the faster of the two in each ramp phase would give"
             " 1.40x the better of them on the ramp",
-            self.bench.suggested_thresholds([nospec, spec]),
+            sweep.targets.suggested_thresholds([nospec, spec]),
         )
         nospec["ramp"]["phases"].append({"concurrency": 4})  # not measured
-        self.assertIsNone(self.bench.ramp_gain_of_switching(nospec, spec))
+        self.assertIsNone(sweep.targets.ramp_gain_of_switching(nospec, spec))
 
     def crossing_at_8(self) -> List[dict]:
         """nospec and eagle3-topk1 records where speculation pays at C=1 only."""
@@ -1297,7 +1325,7 @@ class TestBenchSweepResults(CustomTestCase):
 
     def sweep_args(self, out_dir: str, *flags: str) -> argparse.Namespace:
         parser = argparse.ArgumentParser()
-        self.bench.add_server_args(parser)
+        sweep.cli.add_server_args(parser)
         return parser.parse_args(["--out-dir", out_dir, "--results-date", "d", *flags])
 
     def test_a_suggested_threshold_comes_from_the_static_records(self):
@@ -1309,21 +1337,21 @@ class TestBenchSweepResults(CustomTestCase):
                 "--disable-threshold-for",
                 "loadaware-topk1=suggested",
             )
-            nospec, load_aware = self.bench.selected_configs(args)
-            self.assertIs(self.bench.with_suggested_threshold(args, nospec), nospec)
+            nospec, load_aware = sweep.cli.selected_configs(args)
+            self.assertIs(sweep.cli.with_suggested_threshold(args, nospec), nospec)
             with self.assertRaisesRegex(SystemExit, "eagle3-topk1.*measure them first"):
-                self.bench.with_suggested_threshold(args, load_aware)
-            results = self.bench.results_dir(args)
+                sweep.cli.with_suggested_threshold(args, load_aware)
+            results = sweep.results.results_dir(args)
             for record in self.crossing_at_8():
                 self.merge(results, record)
-            resolved = self.bench.with_suggested_threshold(args, load_aware)
+            resolved = sweep.cli.with_suggested_threshold(args, load_aware)
             self.assertEqual(
                 resolved.extra_args, ["--speculative-disable-batch-threshold", "8"]
             )
             faster_everywhere = self.record("eagle3-topk1", 1000.0)
             self.merge(results, faster_everywhere)
             with self.assertRaisesRegex(SystemExit, "speculation was faster"):
-                self.bench.with_suggested_threshold(args, load_aware)
+                sweep.cli.with_suggested_threshold(args, load_aware)
 
     def test_a_sweep_suggests_the_threshold_from_the_configs_it_ran_first(self):
         """main() resolves a suggested threshold only when that config's turn comes."""
@@ -1332,7 +1360,7 @@ class TestBenchSweepResults(CustomTestCase):
 
         def run_config(args, config, target, draft, log_dir, save):
             if config.load_aware:
-                thresholds[config.name] = self.bench.disable_threshold_of(
+                thresholds[config.name] = sweep.targets.disable_threshold_of(
                     {"server_args": config.extra_args}
                 )
             else:
@@ -1347,9 +1375,9 @@ class TestBenchSweepResults(CustomTestCase):
                 ("describe_run", lambda model: self.header("abc")),
                 ("run_config", run_config),
             ]:
-                stack.enter_context(mock.patch.object(self.bench, name, value))
+                stack.enter_context(mock.patch.object(sweep.cli, name, value))
             stack.enter_context(mock.patch.object(sys, "argv", argv))
-            self.bench.main()
+            sweep.cli.main()
         self.assertEqual(thresholds, {"loadaware-topk1": 8})
 
     def test_decode_throughput_from_the_server_log(self):
@@ -1374,14 +1402,14 @@ class TestBenchSweepResults(CustomTestCase):
             decode(3, 80.0, spec="on"),
         ]
         self.assertEqual(
-            self.bench.decode_throughput(log, speculative=True),
+            sweep.server.decode_throughput(log, speculative=True),
             [
                 {"mode": "plain", "batch": 3, "tok_s": 500.0, "windows": 1},
                 {"mode": "spec", "batch": 3, "tok_s": 90.0, "windows": 3},
                 {"mode": "spec", "batch": 4, "tok_s": 200.0, "windows": 2},
             ],
         )
-        modes = {d["mode"] for d in self.bench.decode_throughput(log[:5], False)}
+        modes = {d["mode"] for d in sweep.server.decode_throughput(log[:5], False)}
         self.assertEqual(modes, {"plain"})
 
     def test_plain_step_cost_against_nospec_at_the_same_batch(self):
@@ -1402,13 +1430,13 @@ class TestBenchSweepResults(CustomTestCase):
         ]
         self.assertIn(
             "| 0.95 at batch 16 missed |",
-            self.bench.targets_table([nospec, load_aware]),
+            sweep.targets.targets_table([nospec, load_aware]),
         )
-        table = self.bench.decode_table([nospec, load_aware])
+        table = sweep.tables.decode_table([nospec, load_aware])
         self.assertIn("| config | batch 1 | batch 8 |", table)
         self.assertIn("| nospec | - | 1000 |", table)
         self.assertIn("| loadaware-topk4 | 300 spec | 990 |", table)
-        self.assertEqual(self.bench.decode_table([self.record("nospec", 1.0)]), "")
+        self.assertEqual(sweep.tables.decode_table([self.record("nospec", 1.0)]), "")
 
     def test_a_config_measured_again_replaces_its_record(self):
         with tempfile.TemporaryDirectory() as out_dir:
@@ -1445,24 +1473,24 @@ class TestBenchSweepResults(CustomTestCase):
         args = argparse.Namespace(
             url="u", concurrency=[1, 8, 64], ramp=[1, 4], input_len=4
         )
-        config = self.bench.KNOWN_CONFIGS["nospec"]
+        config = sweep.configs.KNOWN_CONFIGS["nospec"]
         with tempfile.TemporaryDirectory() as out_dir, mock.patch.multiple(
-            self.bench,
+            sweep.runs,
             serving=serving,
             server_state=lambda url: state,
             measure_point=measure_point,
             tqdm=lambda items, desc: items,
         ):
             self.merge(out_dir, self.record("eagle3-topk4", 90.0))
-            save = self.bench.record_saver(out_dir, self.header("abc"))
+            save = sweep.results.record_saver(out_dir, self.header("abc"))
             with self.assertRaises(KeyboardInterrupt):
-                self.bench.run_config(
+                sweep.runs.run_config(
                     args, config, "t", "d", os.path.join(out_dir, "logs"), save
                 )
             saved = json.loads(Path(out_dir, "raw.json").read_text())["records"]
             self.assertEqual([r["config"] for r in saved], ["nospec", "eagle3-topk4"])
             self.assertEqual([p["concurrency"] for p in saved[0]["points"]], [1, 8])
-            self.assertFalse(self.bench.finished(saved[0]))
+            self.assertFalse(sweep.records.finished(saved[0]))
             summary = json.loads(Path(out_dir, "summary.json").read_text())
             self.assertEqual([r["config"] for r in summary["ramp"]], ["eagle3-topk4"])
             self.assertIn(
@@ -1484,7 +1512,7 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(records[0]["commit"], "new")
 
     def test_a_cut_off_config_leaves_its_ramp_target_open(self):
-        table = self.bench.targets_table(
+        table = sweep.targets.targets_table(
             [
                 self.record("nospec", 100.0),
                 self.record("eagle3-topk4", 90.0),
@@ -1498,15 +1526,15 @@ class TestBenchSweepResults(CustomTestCase):
 
     def test_content_shift_prompts_move_from_the_easy_region_to_the_hard(self):
         spec = {"region_tokens": [[10, 11, 12], [20, 21, 22]]}
-        prompts = self.bench.ContentShiftPrompts(5, spec, shift_after=0.2)
+        prompts = sweep.client.ContentShiftPrompts(5, spec, shift_after=0.2)
         easy = prompts.take(3)
         time.sleep(0.25)
         hard = prompts.take(3)
         self.assertTrue(all(p[-1] in (10, 11, 12) for p in easy))
         self.assertTrue(all(p[-1] in (20, 21, 22) for p in hard))
         self.assertTrue(all(len(p) == 5 for p in easy + hard))
-        self.assertEqual(self.bench.parse_draft_accept("0.95,0.3"), (0.95, 0.3))
-        self.assertEqual(self.bench.parse_draft_accept("0.9"), 0.9)
+        self.assertEqual(parse_draft_accept("0.95,0.3"), (0.95, 0.3))
+        self.assertEqual(parse_draft_accept("0.9"), 0.9)
         record = {
             "config": "auto-topk1",
             "content_shift": {
@@ -1520,9 +1548,9 @@ class TestBenchSweepResults(CustomTestCase):
                 ],
             },
         }
-        table = self.bench.content_shift_table([record, {"config": "nospec"}])
+        table = sweep.tables.content_shift_table([record, {"config": "nospec"}])
         self.assertIn("| auto-topk1 | 32 | 900 [880-910] | 1200 | 600 |", table)
-        self.assertEqual(self.bench.content_shift_table([{"config": "nospec"}]), "")
+        self.assertEqual(sweep.tables.content_shift_table([{"config": "nospec"}]), "")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,160 @@
+"""The load a measurement puts on a server: asyncio loops of streamed requests (closed,
+steady, a batch decoding at once, a ramp of concurrencies) and what they count."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Dict, Iterable, List, Tuple
+
+from sweep.client import RequestResult, client_session, one_request
+from sweep.stats import Run
+
+
+async def closed_loop(
+    url: str,
+    prompts: Iterable[List[int]],
+    output_len: int,
+    concurrency: int,
+) -> List[RequestResult]:
+    """concurrency workers issue the prompts back to back until they run out."""
+    queue = iter(prompts)
+    results: List[RequestResult] = []
+    async with client_session() as session:
+
+        async def worker() -> None:
+            for prompt in queue:
+                results.append(await one_request(session, url, prompt, output_len))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results
+
+
+async def steady_loop(
+    url: str,
+    prompts: Iterable[List[int]],
+    output_len: int,
+    concurrency: int,
+    window_seconds: float,
+) -> Run:
+    """A closed loop that does not run in waves: client i of C first generates
+    ceil(output_len * (i + 1) / C) tokens, so its later requests, all of output_len,
+    finish spread over a request's duration instead of together, and the loop never
+    drains until the end. The window opens once every client has finished its first
+    request and lasts window_seconds; it counts the output tokens generated inside it
+    and the latencies of the requests that finished inside it."""
+    prompts = iter(prompts)
+    timed: List[RequestResult] = []
+    staggered, closing = 0, False
+    async with client_session() as session:
+
+        async def client(slot: int) -> None:
+            nonlocal staggered
+            first_len = math.ceil(output_len * (slot + 1) / concurrency)
+            await one_request(session, url, next(prompts), first_len)
+            staggered += 1
+            if staggered == concurrency:
+                window_open.set()
+            while not closing:
+                timed.append(await one_request(session, url, next(prompts), output_len))
+
+        window_open = asyncio.Event()
+        clients = [asyncio.create_task(client(slot)) for slot in range(concurrency)]
+        opened = asyncio.create_task(window_open.wait())
+        await asyncio.wait([opened, *clients], return_when=asyncio.FIRST_COMPLETED)
+        if not opened.done():
+            await asyncio.gather(*clients)  # a client failed: raise its error
+        start, cpu_start = time.perf_counter(), time.process_time()
+        await asyncio.sleep(window_seconds)
+        end, cpu = time.perf_counter(), time.process_time() - cpu_start
+        closing = True
+        await asyncio.gather(*clients)
+    return Run(
+        [r for r in timed if start <= r.finished_at < end],
+        sum(tokens_in_window(r, start, end) for r in timed),
+        end - start,
+        cpu,
+    )
+
+
+def tokens_in_window(result: RequestResult, start: float, end: float) -> float:
+    """The output tokens of a request generated in [start, end): its first at its first
+    token, the others spread evenly until it finished."""
+    first = result.finished_at - result.latency + result.ttft
+    tokens = float(start <= first < end)
+    if result.output_tokens > 1 and result.finished_at > first:
+        overlap = max(0.0, min(end, result.finished_at) - max(start, first))
+        tokens += (result.output_tokens - 1) * overlap / (result.finished_at - first)
+    return tokens
+
+
+async def decode_rate_loop(url: str, prompts: List[List[int]], output_len: int) -> Run:
+    """len(prompts) requests at once, output_len tokens each: the output tokens they
+    streamed between the moment the last of them streamed its first token (all
+    prefilled, every one decoding) and the first one's last token (none finished),
+    over that window. In it the server runs decode steps of exactly len(prompts)
+    requests, with no prefill and no finish; tokens are counted from the chunks
+    each request streamed by either end."""
+    timelines: List[List[Tuple[float, int]]] = [[] for _ in prompts]
+    began, cpu_began = time.perf_counter(), time.process_time()
+    async with client_session() as session:
+        results = await asyncio.gather(
+            *(
+                one_request(session, url, prompt, output_len, timeline)
+                for prompt, timeline in zip(prompts, timelines)
+            )
+        )
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+    start = max(timeline[0][0] for timeline in timelines)
+    end = min(timeline[-1][0] for timeline in timelines)
+    if end <= start:
+        raise RuntimeError(
+            f"batch {len(prompts)}: a request finished before the last one started "
+            "decoding; raise --decode-output-len (or the server did not run them all "
+            "at once)"
+        )
+    tokens = sum(tokens_by(t, end) - tokens_by(t, start) for t in timelines)
+    # The client's CPU share over the whole run, for the window.
+    return Run(results, tokens, end - start, cpu * (end - start) / wall)
+
+
+def tokens_by(timeline: List[Tuple[float, int]], moment: float) -> int:
+    """The output tokens a request had streamed by moment."""
+    return next((tokens for at, tokens in reversed(timeline) if at <= moment), 0)
+
+
+async def ramp_loop(
+    url: str,
+    prompts: Iterable[List[int]],
+    output_len: int,
+    phases: Iterable[int],
+    phase_seconds: float,
+) -> Tuple[List[RequestResult], List[float]]:
+    """A closed loop whose concurrency steps through phases without draining between
+    them: at a phase's start, clients are added up to its concurrency, or those above
+    it stop after the request they have in flight. prompts: an endless source.
+    Returns (results, the phases' start times followed by the time the last request
+    finished)."""
+    prompts = iter(prompts)
+    results: List[RequestResult] = []
+    concurrency = 0
+    async with client_session() as session:
+
+        async def client(slot: int) -> None:
+            while slot < concurrency:
+                prompt = next(prompts)
+                results.append(await one_request(session, url, prompt, output_len))
+
+        clients: Dict[int, asyncio.Task] = {}
+        starts: List[float] = []
+        for phase_concurrency in phases:
+            starts.append(time.perf_counter())
+            concurrency = phase_concurrency
+            for slot in range(concurrency):
+                if slot not in clients or clients[slot].done():
+                    clients[slot] = asyncio.create_task(client(slot))
+            await asyncio.sleep(starts[0] + len(starts) * phase_seconds - starts[-1])
+        concurrency = 0
+        await asyncio.gather(*clients.values())
+    return results, starts + [time.perf_counter()]

@@ -1,0 +1,100 @@
+"""A config's run in a fresh server: the sweep (points, ramp, content shift) or the
+decode rates, its record saved after every measurement."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Callable
+
+from sweep.bench_serving import run_bench_serving
+from sweep.client import PromptSource
+from sweep.configs import Config
+from sweep.server import decode_throughput, server_state, serving
+from sweep.workloads import (
+    measure_decode_rate,
+    measure_point,
+    run_content_shift,
+    run_ramp,
+)
+from tqdm import tqdm
+
+
+def run_config(
+    args: argparse.Namespace,
+    config: Config,
+    target: str,
+    draft: str,
+    log_dir: str,
+    save: Callable[[dict], None],
+) -> None:
+    """Measure a config in a fresh server; save() gets its record after every point
+    and after the ramp, so a run cut off keeps the points it finished."""
+    prompts = PromptSource(args.input_len)
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, f"{config.name}.log")
+
+    def save_with_decode_throughput(record: dict) -> None:
+        with open(log_path, errors="replace") as log:
+            record["decode_tok_s"] = decode_throughput(log, config.spec is not None)
+        save(record)
+
+    warmup_concurrencies = [*args.concurrency, *args.ramp]
+    with serving(
+        args, config, target, draft, prompts, warmup_concurrencies, log_path
+    ) as launch:
+        record = {"config": config.name, **launch, "unique_prompts": True, "points": []}
+        state = server_state(args.url)
+        record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
+        for concurrency in tqdm(args.concurrency, desc=config.name):
+            point = measure_point(args, config, prompts, concurrency)
+            if getattr(args, "bench_serving", False):
+                point["bench_serving"] = run_bench_serving(
+                    args, config, target, concurrency, log_dir
+                )
+            record["points"].append(point)
+            save_with_decode_throughput(record)
+        record["ramp"] = run_ramp(args, config, prompts)
+        save_with_decode_throughput(record)
+        if args.content_shift:
+            record["content_shift"] = run_content_shift(args, config, target)
+            save_with_decode_throughput(record)
+
+
+def run_decode_rate(
+    args: argparse.Namespace,
+    config: Config,
+    target: str,
+    draft: str,
+    log_dir: str,
+    save: Callable[[dict], None],
+) -> None:
+    """--decode-rate: a config's decode rate at each steady running batch, in a fresh
+    server; save() gets the record's decode_rate section after every batch size."""
+    prompts = PromptSource(args.input_len)
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, f"{config.name}-decode-rate.log")
+    with serving(
+        args, config, target, draft, prompts, args.decode_rate, log_path
+    ) as launch:
+        capacity = server_state(args.url)["memory_usage"]["token_capacity"]
+        section = {
+            **launch,
+            "kv_capacity_tokens": capacity,
+            "input_len": args.input_len,
+            "output_len": args.decode_output_len,
+            "points": [],
+        }
+        for batch in tqdm(args.decode_rate, desc=f"{config.name} decode rate"):
+            if batch * (args.input_len + args.decode_output_len) > capacity:
+                raise RuntimeError(
+                    f"{config.name}: {batch} requests of {args.input_len} + "
+                    f"{args.decode_output_len} tokens do not fit in its KV cache "
+                    f"({capacity} tokens); lower --decode-output-len"
+                )
+            section["points"].append(measure_decode_rate(args, config, prompts, batch))
+            with open(log_path, errors="replace") as log:
+                section["decode_tok_s"] = decode_throughput(
+                    log, config.spec is not None
+                )
+            save({"config": config.name, "decode_rate": section})

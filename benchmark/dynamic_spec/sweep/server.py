@@ -1,0 +1,209 @@
+"""A config's server: its flags and environment, a fresh launch on an idle GPU, warmed
+up, and what it reports (its state, the decode throughput it logged)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import requests
+from sglang.test.spec_engine_utils import cli_args, eagle3_args, running_server
+from sweep.client import PromptSource
+from sweep.configs import Config, pristine_upstream
+from sweep.loops import closed_loop
+
+# Warm-up requests are short, whatever output length is measured.
+WARMUP_OUTPUT_LEN = 32
+
+
+def visible_gpu_query(field: str) -> List[str]:
+    """One nvidia-smi field per GPU this process may use (CUDA_VISIBLE_DEVICES)."""
+    query = ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        query.append(f"--id={visible}")
+    try:
+        result = subprocess.run(query, capture_output=True, text=True)
+    except FileNotFoundError:
+        return []
+    return result.stdout.strip().splitlines() if result.returncode == 0 else []
+
+
+def wait_gpu_idle(max_used_mib: int = 2048, timeout: float = 120) -> None:
+    """Wait until the GPUs this process may use hold no other server."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        used = visible_gpu_query("memory.used")
+        if used and max(int(u) for u in used) <= max_used_mib:
+            return
+        time.sleep(2)
+    raise RuntimeError("GPU still busy: the previous server did not exit")
+
+
+def backend_env(args: argparse.Namespace) -> Dict[str, str]:
+    """flashinfer's default workspace (384 MiB) is too small for verify graphs at large
+    batches and for draft trees; every config gets the same, larger one. (Upstream resets
+    it to 512 MiB for Qwen2/Qwen3 architectures: use triton for the dense32b preset.)"""
+    if args.attention_backend != "flashinfer":
+        return {}
+    return {
+        "SGLANG_FLASHINFER_WORKSPACE_SIZE": str(args.flashinfer_workspace_mib << 20)
+    }
+
+
+def config_server_args(
+    args: argparse.Namespace, config: Config, draft: str
+) -> List[str]:
+    """launch_server flags of a config: shared serving flags, then its speculation."""
+    max_bs = max([*args.concurrency, *(getattr(args, "decode_rate", None) or [])])
+    server_args = cli_args(
+        dict(
+            attention_backend=args.attention_backend,
+            tp_size=args.tp_size,
+            cuda_graph_max_bs=max_bs,
+            max_running_requests=max_bs,
+            mem_fraction_static=args.mem_fraction_static,
+            # bench_serving's sglang client counts and times only streamed text.
+            skip_tokenizer_init=not getattr(args, "bench_serving", False),
+            enable_metrics=True,
+        )
+    )
+    if config.spec is not None:
+        server_args += cli_args(eagle3_args(draft, **config.spec))
+    server_args += config.extra_args
+    if config.adaptive_config is not None:
+        server_args += ["--speculative-adaptive-config", adaptive_config_file(config)]
+    return server_args
+
+
+def adaptive_config_file(config: Config) -> str:
+    """config.adaptive_config, written to a JSON file in the temp directory."""
+    path = os.path.join(tempfile.gettempdir(), f"bench_sweep-{config.name}.json")
+    with open(path, "w") as f:
+        json.dump(config.adaptive_config, f, indent=1)
+    return path
+
+
+def server_env(args: argparse.Namespace, config: Config) -> Dict[str, str]:
+    """The environment a config's server gets on top of ours. A pristine config's
+    PYTHONPATH starts with pristine upstream, which then shadows the fork."""
+    env = {**config.env, **backend_env(args)}
+    if config.pristine:
+        paths = [pristine_upstream()["pythonpath"], os.environ.get("PYTHONPATH")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def code_that_runs(config: Config, env: Dict[str, str]) -> Dict[str, str]:
+    """Which sglang a server with env imports: "fork" or "pristine upstream", the
+    package's __init__.py (found, not imported) and, for pristine, its wheel."""
+    find = "import importlib.util; print(importlib.util.find_spec('sglang').origin)"
+    origin = subprocess.run(
+        [sys.executable, "-c", find],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not config.pristine:
+        return {"sglang": "fork", "origin": origin}
+    pristine = pristine_upstream()
+    if not origin.startswith(pristine["pythonpath"] + os.sep):
+        raise RuntimeError(
+            f"{config.name}: the server would import sglang from {origin}, "
+            f"not from pristine upstream in {pristine['pythonpath']}"
+        )
+    return {"sglang": "pristine upstream", "origin": origin, "wheel": pristine["wheel"]}
+
+
+def warm_up(url: str, prompts: PromptSource, concurrencies: Iterable[int]) -> None:
+    """One short closed loop at each concurrency the measurements will reach, smallest
+    first, so that their batch sizes have run once before any is measured: some eager
+    triton kernels are specialized on the next power of two of the batch and compile
+    on their first launch with a new one."""
+    for concurrency in sorted(set(concurrencies)):
+        asyncio.run(
+            closed_loop(url, prompts.take(concurrency), WARMUP_OUTPUT_LEN, concurrency)
+        )
+
+
+@contextlib.contextmanager
+def serving(
+    args: argparse.Namespace,
+    config: Config,
+    target: str,
+    draft: str,
+    prompts: PromptSource,
+    warmup_concurrencies: Iterable[int],
+    log_path: Optional[str] = None,
+) -> Iterator[Dict[str, Any]]:
+    """A fresh server of a config (the previous one gone, the GPU idle), warmed up at
+    warmup_concurrencies; yields how it was launched. log_path: the server's output
+    (default: ours)."""
+    env = server_env(args, config)
+    launch = {"code": code_that_runs(config, env), "env": env}
+    if config.adaptive_config is not None:
+        launch["adaptive_config"] = config.adaptive_config
+    wait_gpu_idle()
+    server_args = config_server_args(args, config, draft)
+    with running_server(
+        target, server_args, env=env, base_url=args.url, log_path=log_path
+    ):
+        warm_up(args.url, prompts, warmup_concurrencies)
+        yield {"server_args": server_args, **launch}
+
+
+def server_state(url: str) -> dict:
+    return requests.get(f"{url}/server_info", timeout=30).json()["internal_states"][0]
+
+
+def spec_step_share(config: Config, before: dict, after: dict) -> float:
+    if not config.load_aware:
+        return 0.0 if config.spec is None else 1.0
+    b, a = before["load_aware_speculation"], after["load_aware_speculation"]
+    spec = a["num_spec_steps"] - b["num_spec_steps"]
+    plain = a["num_plain_steps"] - b["num_plain_steps"]
+    return spec / (spec + plain) if spec + plain else 0.0
+
+
+DECODE_LOG_LINE = re.compile(
+    r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+)"
+)
+SPEC_MODE_FIELD = re.compile(r"spec: (on|off)")
+
+
+def decode_throughput(log_lines: Iterable[str], speculative: bool) -> List[dict]:
+    """The decode throughput a server logged, per mode ("spec" or "plain") and
+    running batch size: the median over its steady log windows (--decode-log-interval
+    steps without a prefill, the same batch at both ends). Load-aware servers log
+    each window's mode."""
+    samples: Dict[Tuple[str, int], List[float]] = collections.defaultdict(list)
+    window_batch = None  # at the window's start; None: it started with a prefill
+    for line in log_lines:
+        if "Prefill batch" in line:
+            window_batch = None
+            continue
+        match = DECODE_LOG_LINE.search(line)
+        if match is None:
+            continue
+        batch = int(match.group(1))
+        if batch == window_batch:
+            field = SPEC_MODE_FIELD.search(line)
+            spec = field.group(1) == "on" if field else speculative
+            samples["spec" if spec else "plain", batch].append(float(match.group(2)))
+        window_batch = batch
+    return [
+        {"mode": mode, "batch": bs, "tok_s": statistics.median(v), "windows": len(v)}
+        for (mode, bs), v in sorted(samples.items())
+    ]

@@ -1,0 +1,222 @@
+"""results.md: the markdown tables of the records."""
+
+from __future__ import annotations
+
+import collections
+from typing import Dict, List
+
+from sweep.records import finished, steady_decode, swept_records
+from sweep.targets import suggested_thresholds, targets_table
+
+
+def results_markdown(records: List[dict], title: str) -> str:
+    swept = swept_records(records)
+    sections = [f"# {title}\n\n"]
+    if swept:
+        sections.append(markdown_table(swept))
+    decode = decode_table(swept)
+    if decode:
+        sections += [
+            "\nDecode tok/s the servers logged at a steady running batch (median over"
+            " log windows without prefill; plain steps unless marked):\n\n",
+            decode,
+        ]
+    second_client = bench_serving_table(swept)
+    if second_client:
+        sections += [
+            "\nOutput tok/s of upstream's bench_serving (--bench-serving) at the same C"
+            " against the same servers, median [min-max], and its ratio to ours:\n\n",
+            second_client,
+        ]
+    rates = decode_rate_table(records)
+    if rates:
+        sections += [
+            "\nDecode rate at a steady running batch (--decode-rate): output tok/s of"
+            " B requests decoding at once, from the moment the last of them streamed"
+            " its first token to the first finish (no prefill, no finish in between);"
+            " median of the repeats [min-max], the ratio to nospec's, and the decode"
+            " tok/s the server logged at that batch:\n\n",
+            rates,
+        ]
+    if swept:
+        sections += [
+            "\nTargets (output tok/s ratios; N: the config's disable threshold):\n\n",
+            targets_table(swept),
+            "\nThresholds suggested by these points (against nospec):\n\n",
+            suggested_thresholds(swept),
+        ]
+    sections.append("\nCommands (commit):\n\n")
+    sections += [
+        f"- {r['config']}: `{r['command']}` ({r['commit']}{code_note(r)})\n"
+        for r in swept
+    ]
+    sections += [
+        f"- {r['config']} decode rate: `{d['command']}` ({d['commit']}{code_note(d)})\n"
+        for r in records
+        for d in [r.get("decode_rate")]
+        if d
+    ]
+    return "".join(sections)
+
+
+def rate_with_spread(measured: dict) -> str:
+    """Median output tok/s, with [min-max] where repeats differed."""
+    low, high = measured.get("output_tok_s_min"), measured.get("output_tok_s_max")
+    spread = f" [{low:.0f}-{high:.0f}]" if low is not None and high > low else ""
+    return f"{measured['output_tok_s']:.0f}{spread}"
+
+
+def markdown_cell(point: dict) -> str:
+    return f"{rate_with_spread(point)} ({point['spec_step_share']:.0%} spec)"
+
+
+def markdown_table(records: List[dict]) -> str:
+    concurrency = sorted({p["concurrency"] for r in records for p in r["points"]})
+    lines = [
+        "| config | KV tokens | ramp tok/s | "
+        + " | ".join(f"C={c}" for c in concurrency)
+        + " |"
+    ]
+    lines.append("|---" * (3 + len(concurrency)) + "|")
+    for record in records:
+        by_c = {p["concurrency"]: p for p in record["points"]}
+        cells = [markdown_cell(by_c[c]) if c in by_c else "-" for c in concurrency]
+        ramp = rate_with_spread(record["ramp"]) if finished(record) else "-"
+        lines.append(
+            f"| {record['config']} | {record['kv_capacity_tokens']} | {ramp} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return (
+        "\n".join(lines)
+        + "\n\nCells: output tok/s, median of the repeats [min-max] (share of decode"
+        + " steps that speculated); -: not measured (a run cut off).\n"
+        + repeated_prompts_note(records)
+        + content_shift_table(records)
+    )
+
+
+def content_shift_table(records: List[dict]) -> str:
+    shifted = [r for r in records if "content_shift" in r]
+    if not shifted:
+        return ""
+    lines = [
+        "\nContent shift (--content-shift): output tok/s of C clients, easy prompts "
+        "then hard ones, one phase each; median of the repeats [min-max]:\n",
+        "| config | C | total | easy phase | hard phase |",
+        "|---|---|---|---|---|",
+    ]
+    for record in shifted:
+        shift = record["content_shift"]
+        easy, hard = (p["output_tok_s"] for p in shift["phases"])
+        lines.append(
+            f"| {record['config']} | {shift['concurrency']} | "
+            f"{rate_with_spread(shift)} | {easy:.0f} | {hard:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def repeated_prompts_note(records: List[dict]) -> str:
+    """Names the records measured before every request got a new prompt: theirs
+    repeated, and the radix cache spared many of their requests the prefill (their
+    ramp also drained every phase, and their client kept at most 100 requests in
+    flight)."""
+    repeated = [r["config"] for r in records if not r.get("unique_prompts")]
+    if not repeated:
+        return ""
+    return (
+        "Measured over repeated prompts (many requests found theirs in the radix cache"
+        " and skipped the prefill), with a ramp that drained every phase and at most"
+        " 100 requests in flight at C=128 and 256:"
+        f" {', '.join(repeated)}. Their output tok/s does not compare with that of rows"
+        " where every request had a new prompt.\n"
+    )
+
+
+def decode_table(records: List[dict]) -> str:
+    """Server-logged decode tok/s at running batch sizes equal to the points' C."""
+    logged = [r for r in records if steady_decode(r)]
+    if not logged:
+        return ""
+    batches = sorted({p["concurrency"] for r in records for p in r["points"]})
+    lines = [
+        "| config | " + " | ".join(f"batch {bs}" for bs in batches) + " |",
+        "|---" * (1 + len(batches)) + "|",
+    ]
+    for record in logged:
+        by_batch: Dict[int, List[str]] = collections.defaultdict(list)
+        for d in steady_decode(record):
+            suffix = " spec" if d["mode"] == "spec" else ""
+            by_batch[d["batch"]].append(f"{d['tok_s']:.0f}{suffix}")
+        cells = [" / ".join(by_batch[bs]) or "-" for bs in batches]
+        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bench_serving_table(records: List[dict]) -> str:
+    measured = [r for r in records if any("bench_serving" in p for p in r["points"])]
+    if not measured:
+        return ""
+    concurrency = sorted({p["concurrency"] for r in measured for p in r["points"]})
+    lines = [
+        "| config | " + " | ".join(f"C={c}" for c in concurrency) + " |",
+        "|---" * (1 + len(concurrency)) + "|",
+    ]
+    for record in measured:
+        by_c = {p["concurrency"]: p for p in record["points"] if "bench_serving" in p}
+        cells = [
+            (
+                f"{rate_with_spread(by_c[c]['bench_serving'])}, "
+                f"{by_c[c]['bench_serving']['output_tok_s'] / by_c[c]['output_tok_s']:.2f}x"
+                if c in by_c
+                else "-"
+            )
+            for c in concurrency
+        ]
+        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def decode_rate_table(records: List[dict]) -> str:
+    measured = [r for r in records if "decode_rate" in r]
+    if not measured:
+        return ""
+    rate = {
+        (r["config"], p["batch"]): p["output_tok_s"]
+        for r in measured
+        for p in r["decode_rate"]["points"]
+    }
+    batches = sorted({b for _, b in rate})
+    lines = [
+        "| config | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "|---" * (1 + len(batches)) + "|",
+    ]
+    for record in measured:
+        section = record["decode_rate"]
+        by_batch = {p["batch"]: p for p in section["points"]}
+        # Both modes at a batch: the one logged in more windows.
+        logged = {
+            d["batch"]: d["tok_s"]
+            for d in sorted(steady_decode(section), key=lambda d: d["windows"])
+        }
+        cells = []
+        for b in batches:
+            if b not in by_batch:
+                cells.append("-")
+                continue
+            cell = rate_with_spread(by_batch[b])
+            if ("nospec", b) in rate:
+                cell += f", {by_batch[b]['output_tok_s'] / rate['nospec', b]:.3f}x"
+            if b in logged:
+                cell += f" (log {logged[b]:.0f})"
+            cells.append(cell)
+        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def code_note(record: dict) -> str:
+    """Names the records whose server ran pristine upstream instead of the fork."""
+    code = record.get("code", {})
+    if code.get("sglang") != "pristine upstream":
+        return ""
+    return f"; the server ran pristine upstream, {code['wheel']}"

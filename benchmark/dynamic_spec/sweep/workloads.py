@@ -1,0 +1,200 @@
+"""Measurements against a running server: a point (closed loops or a steady loop at a
+concurrency), the decode rate of a steady batch, the ramp and the content shift."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from typing import List, Tuple
+
+from sglang.test.synthetic_spec_models import load_spec
+from sweep.client import ContentShiftPrompts, PromptSource, RequestResult
+from sweep.configs import Config
+from sweep.loops import closed_loop, decode_rate_loop, ramp_loop, steady_loop
+from sweep.server import server_state, spec_step_share
+from sweep.stats import Run, median_with_spread, summarize
+from tqdm import tqdm
+
+# The benchmark client is one asyncio thread that reads every streamed chunk: near a
+# whole core, it, not the server, sets the pace of the closed loop.
+CLIENT_CPU_SHARE_WARNING = 0.8
+
+
+def point_requests(args: argparse.Namespace, concurrency: int) -> int:
+    """The requests of one closed loop at a concurrency."""
+    return max(args.min_requests, args.requests_per_concurrency * concurrency)
+
+
+def measure_point(
+    args: argparse.Namespace, config: Config, prompts: PromptSource, concurrency: int
+) -> dict:
+    num = point_requests(args, concurrency)
+    before = server_state(args.url)
+    runs = [measure_run(args, prompts, num, concurrency) for _ in range(args.repeats)]
+    point = summarize(runs)
+    point.update(
+        config=config.name,
+        concurrency=concurrency,
+        spec_step_share=spec_step_share(config, before, server_state(args.url)),
+        client_cpu_share=busy_client_share(runs, f"{config.name} C={concurrency}"),
+    )
+    return point
+
+
+def measure_run(
+    args: argparse.Namespace, prompts: PromptSource, num: int, concurrency: int
+) -> Run:
+    if args.steady:
+        return asyncio.run(
+            steady_loop(
+                args.url, prompts, args.output_len, concurrency, args.min_point_seconds
+            )
+        )
+    return closed_loops_for(
+        args.min_point_seconds, args.url, prompts, num, args.output_len, concurrency
+    )
+
+
+def closed_loops_for(
+    min_seconds: float,
+    url: str,
+    prompts: PromptSource,
+    num_requests: int,
+    output_len: int,
+    concurrency: int,
+) -> Run:
+    """Whole closed loops of num_requests new prompts each, repeated until min_seconds
+    have passed. The clocks run only while a loop's requests do: drawing the next
+    loop's prompts leaves the server idle."""
+    results: List[RequestResult] = []
+    wall = cpu = 0.0
+    while True:
+        loop_prompts = prompts.take(num_requests)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        results += asyncio.run(closed_loop(url, loop_prompts, output_len, concurrency))
+        wall += time.perf_counter() - start
+        cpu += time.process_time() - cpu_start
+        if wall >= min_seconds:
+            return Run(results, sum(r.output_tokens for r in results), wall, cpu)
+
+
+def busy_client_share(runs: List[Run], point: str) -> float:
+    """The share of a core the client kept busy over the runs, with a warning when
+    it may have set the pace."""
+    share = sum(r.client_cpu for r in runs) / sum(r.wall for r in runs)
+    if share > CLIENT_CPU_SHARE_WARNING:
+        tqdm.write(
+            f"{point}: the client kept {share:.0%} of a core busy; it may have "
+            "limited this point, not the server"
+        )
+    return share
+
+
+def measure_decode_rate(
+    args: argparse.Namespace, config: Config, prompts: PromptSource, batch: int
+) -> dict:
+    """The output tok/s of a running batch of `batch` decoding requests, args.repeats
+    times (median and spread), each time new prompts."""
+    before = server_state(args.url)
+    runs = [
+        asyncio.run(
+            decode_rate_loop(args.url, prompts.take(batch), args.decode_output_len)
+        )
+        for _ in range(args.repeats)
+    ]
+    return {
+        "config": config.name,
+        "batch": batch,
+        **median_with_spread(run.tokens / run.wall for run in runs),
+        "window_s": statistics.median(run.wall for run in runs),
+        "spec_step_share": spec_step_share(config, before, server_state(args.url)),
+        "client_cpu_share": busy_client_share(runs, f"{config.name} batch {batch}"),
+    }
+
+
+def run_ramp(args: argparse.Namespace, config: Config, prompts: PromptSource) -> dict:
+    """Concurrency rising then falling in phases of fixed duration, with no drain
+    between phases, args.repeats times: the median total and per-phase tok/s over
+    the runs, and the spread of the total."""
+    phases = args.ramp + args.ramp[-2::-1]
+    before = server_state(args.url)
+    runs = [
+        ramp_rates(args, config, prompts, phases, run) for run in range(args.repeats)
+    ]
+    return {
+        "config": config.name,
+        **median_with_spread(total for total, _ in runs),
+        "phases": [
+            {
+                "concurrency": concurrency,
+                "output_tok_s": statistics.median(rates[i] for _, rates in runs),
+            }
+            for i, concurrency in enumerate(phases)
+        ],
+        "spec_step_share": spec_step_share(config, before, server_state(args.url)),
+    }
+
+
+def run_content_shift(args: argparse.Namespace, config: Config, target: str) -> dict:
+    """--content-shift C: C clients, easy prompts for a phase, then hard ones for
+    another (a content-shift pair, --draft-accept P_easy,P_hard), args.repeats
+    times: the median total and per-phase tok/s, and the spread of the total."""
+    spec = load_spec(os.path.dirname(target))
+    phases = [args.content_shift] * 2
+    runs = [
+        ramp_rates(
+            args,
+            config,
+            ContentShiftPrompts(args.input_len, spec, args.ramp_phase_seconds, run),
+            phases,
+            run,
+        )
+        for run in range(args.repeats)
+    ]
+    return {
+        "config": config.name,
+        "concurrency": args.content_shift,
+        **median_with_spread(total for total, _ in runs),
+        "phases": [
+            {
+                "prompts": prompts,
+                "output_tok_s": statistics.median(r[i] for _, r in runs),
+            }
+            for i, prompts in enumerate(("easy", "hard"))
+        ],
+    }
+
+
+def ramp_rates(
+    args: argparse.Namespace,
+    config: Config,
+    prompts: PromptSource,
+    phases: List[int],
+    run: int,
+) -> Tuple[float, List[float]]:
+    """One ramp: total and per-phase output tok/s (each request counted in the phase it
+    finished in; the last phase includes the final drain)."""
+    results, bounds = asyncio.run(
+        ramp_loop(
+            args.url,
+            prompts,
+            args.output_len,
+            tqdm(phases, desc=f"{config.name} ramp {run + 1}/{args.repeats}"),
+            args.ramp_phase_seconds,
+        )
+    )
+    per_phase = []
+    for i in range(len(phases)):
+        start, end = bounds[i], bounds[i + 1]
+        last = i == len(phases) - 1
+        tokens = sum(
+            r.output_tokens
+            for r in results
+            if start <= r.finished_at and (last or r.finished_at < end)
+        )
+        per_phase.append(tokens / (end - start))
+    total = sum(r.output_tokens for r in results) / (bounds[-1] - bounds[0])
+    return total, per_phase
