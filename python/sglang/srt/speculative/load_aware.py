@@ -50,6 +50,7 @@ from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_policy import unverified_decode_backend_reason
 from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
 from sglang.srt.utils.common import fast_topk
 
@@ -89,7 +90,8 @@ def build_plain_step(worker: EAGLEWorkerV2) -> Optional[LoadAwarePlainStep]:
 
 
 def load_aware_worker_unsupported_reason(worker: EAGLEWorkerV2) -> Optional[str]:
-    """Limits that server args cannot see (the model architecture)."""
+    """Limits of the worker as it was built: the model architecture, the
+    algorithm, the attention backends chosen."""
     if mambaish_config(worker.target_worker.model_runner.model_config) is not None:
         return (
             "hybrid (mamba / linear-attention) target models are not supported "
@@ -100,7 +102,7 @@ def load_aware_worker_unsupported_reason(worker: EAGLEWorkerV2) -> Optional[str]
         SpeculativeAlgorithm.EAGLE3,
     ):
         return f"{worker.speculative_algorithm} is not supported yet"
-    return None
+    return unverified_decode_backend_reason(worker.server_args)
 
 
 def fresh_attention_backend(model_runner: ModelRunner):

@@ -442,6 +442,35 @@ def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
             return f"{flag} is not supported yet"
     if (getattr(view, "pp_size", 1) or 1) > 1:
         return "pipeline parallelism (--pp-size > 1) is not supported yet"
+    return unverified_decode_backend_reason(view)
+
+
+# Decode attention backends the plain step (and the draft's catch-up, which runs
+# an extend batch relabelled as decode) has run on; torch_native is the CPU tier's.
+PLAIN_STEP_DECODE_BACKENDS = ("triton", "flashinfer", "torch_native")
+
+
+def unverified_decode_backend_reason(cfg: Any) -> Optional[str]:
+    """Why the decode attention backend of the target or the draft (of server args,
+    or of their view mid-resolution) is not one the plain step runs on, or None
+    (None also while it is not chosen yet)."""
+    from sglang.srt.arg_groups.overrides import attention_backends_of
+
+    _, decode = attention_backends_of(cfg)
+    for backend, flag in (
+        (decode, "--attention-backend"),
+        (
+            cfg.speculative_draft_attention_backend,
+            "--speculative-draft-attention-backend",
+        ),
+    ):
+        if backend is not None and backend not in PLAIN_STEP_DECODE_BACKENDS:
+            return (
+                f"the {backend} attention backend ({flag}) has not been verified "
+                "with plain decode steps yet (verified: "
+                f"{', '.join(PLAIN_STEP_DECODE_BACKENDS)}); pass {flag} triton "
+                "or flashinfer"
+            )
     return None
 
 

@@ -180,12 +180,31 @@ class TestLoadAwareValidationPure(CustomTestCase):
                 "--speculative-use-rejection-sampling",
             ),
             (dict(pp_size=2), "--pp-size"),
+            (dict(attention_backend="fa3"), "--attention-backend"),
+            (dict(decode_attention_backend="trtllm_mha"), "trtllm_mha"),
+            (
+                dict(
+                    attention_backend="triton",
+                    speculative_draft_attention_backend="fa3",
+                ),
+                "--speculative-draft-attention-backend",
+            ),
         ]
         for overrides, needle in cases:
             with self.subTest(**overrides):
                 args = default_args_namespace(**base, **overrides)
                 self.assertIn(needle, load_aware_unsupported_reason(args))
                 self.assertRaisesNaming(args, FLAG_N, needle)
+
+    def test_verified_attention_backends(self):
+        for backend in ("triton", "flashinfer", "torch_native", None):
+            with self.subTest(backend=backend):
+                args = default_args_namespace(
+                    attention_backend=backend,
+                    speculative_draft_attention_backend=backend,
+                    speculative_disable_batch_threshold=8,
+                )
+                self.assertIsNone(load_aware_unsupported_reason(args))
 
     def test_supported_modes(self):
         """EAGLEWorkerV2 serves chains and draft trees, with and without the
