@@ -38,6 +38,11 @@ class Config:
     def load_aware(self) -> bool:
         return self.always_on is not None
 
+    @property
+    def auto(self) -> bool:
+        """--speculative-disable-batch-threshold auto."""
+        return self.load_aware and "auto" in self.extra_args
+
 
 def build_configs(
     disable_threshold: int, per_config: Optional[Dict[str, int]] = None

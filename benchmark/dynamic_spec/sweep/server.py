@@ -150,8 +150,12 @@ def serving(
 ) -> Iterator[Dict[str, Any]]:
     """A fresh server of a config (the previous one gone, the GPU idle), warmed up at
     warmup_concurrencies; yields how it was launched. log_path: the server's output
-    (default: ours)."""
+    (default: ours); an auto config's step trace goes beside it."""
     env = server_env(args, config)
+    if config.auto and log_path is not None:
+        env["SGLANG_LOAD_AWARE_STEP_TRACE"] = step_trace_path(log_path)
+        if os.path.exists(env["SGLANG_LOAD_AWARE_STEP_TRACE"]):
+            os.remove(env["SGLANG_LOAD_AWARE_STEP_TRACE"])  # the server appends
     launch = {"code": code_that_runs(config, env), "env": env}
     if config.adaptive_config is not None:
         launch["adaptive_config"] = config.adaptive_config
@@ -162,6 +166,12 @@ def serving(
     ):
         warm_up(args.url, prompts, warmup_concurrencies)
         yield {"server_args": server_args, **launch}
+
+
+def step_trace_path(log_path: str) -> str:
+    """Where an auto server beside log_path writes its step trace (policy_sim.py
+    --trace replays it)."""
+    return f"{os.path.splitext(log_path)[0]}-steps.jsonl"
 
 
 def server_state(url: str) -> dict:

@@ -896,6 +896,39 @@ class TestBenchSweepResults(CustomTestCase):
             sweep.tables.results_markdown([record], "t"),
         )
 
+    def test_an_auto_server_writes_its_step_trace_beside_its_log(self):
+        launched = []
+
+        @contextlib.contextmanager
+        def running_server(target, server_args, env, base_url, log_path):
+            launched.append(env)
+            yield base_url, None
+
+        args = argparse.Namespace(
+            attention_backend="triton",
+            tp_size=1,
+            concurrency=[1],
+            mem_fraction_static=0.8,
+            url="u",
+        )
+        with tempfile.TemporaryDirectory() as logs, mock.patch.multiple(
+            sweep.server,
+            running_server=running_server,
+            wait_gpu_idle=lambda: None,
+            warm_up=lambda *a: None,
+        ):
+            trace = os.path.join(logs, "auto-topk1-steps.jsonl")
+            with open(trace, "w") as f:
+                f.write("{}\n")  # an earlier run's: the server appends
+            for name in ("auto-topk1", "loadaware-topk1"):
+                config = sweep.configs.KNOWN_CONFIGS[name]
+                log = os.path.join(logs, f"{name}.log")
+                with sweep.server.serving(args, config, "/t", "/d", None, [1], log):
+                    pass
+            self.assertFalse(os.path.exists(trace))
+        self.assertEqual(launched[0]["SGLANG_LOAD_AWARE_STEP_TRACE"], trace)
+        self.assertNotIn("SGLANG_LOAD_AWARE_STEP_TRACE", launched[1])
+
     def test_records_of_configs_that_no_longer_exist_still_render(self):
         with tempfile.TemporaryDirectory() as out_dir:
             self.merge(out_dir, self.record("loadaware-topk4-v1", 90.0))
