@@ -359,6 +359,22 @@ def greedy_continuation(
     return out
 
 
+def detoured_continuation(
+    next_token: Sequence[int], prompt_ids: Sequence[int], num_tokens: int, at: int
+) -> List[int]:
+    """A continuation a grammar can force on the target: the greedy one up to
+    ``at`` tokens, then a token it would not emit there, then the greedy
+    continuation of that token. The forced token has a one-digit id: no other
+    token's string ("w<id>") is a prefix of its, so a mask by string prefix
+    (xgrammar's) leaves it alone at that step. Its regex: ``"".join(f"w{t}")``."""
+    head = greedy_continuation(next_token, prompt_ids, at)
+    previous = head[-1] if head else prompt_ids[-1]
+    forced = next(t for t in range(3, 10) if t != next_token[previous])
+    return (
+        head + [forced] + greedy_continuation(next_token, [forced], num_tokens - at - 1)
+    )
+
+
 def region_prompt(
     spec: dict, region: int, prompt_len: int, rng: random.Random
 ) -> List[int]:

@@ -38,6 +38,7 @@ from sglang.test.spec_engine_utils import (
     synthetic_pair,
 )
 from sglang.test.synthetic_spec_models import (
+    detoured_continuation,
     expected_accept_length,
     greedy_continuation,
     next_token_map,
@@ -343,26 +344,13 @@ class TestChainThresholdGrammar(CpuEngineTestBase):
     seed = 6
     lengths = (12, 20, 28, 40)
 
-    def detoured(self, prompt: List[int], length: int, at: int) -> List[int]:
-        """The greedy continuation up to ``at``, then a token it would not emit
-        there, then the greedy continuation of that token. The forced token has a
-        one-digit id: no other token's string ("w<id>") is a prefix of its, so the
-        mask leaves it alone at that step (xgrammar masks by string prefix)."""
-        head = greedy_continuation(self.token_map, prompt, at)
-        forced = next(t for t in range(3, 10) if t != self.token_map[head[-1]])
-        return (
-            head
-            + [forced]
-            + greedy_continuation(self.token_map, [forced], length - at - 1)
-        )
-
     def test_regex_detours_hold_in_plain_and_speculative_steps(self):
         prompts = self.prompts(len(self.lengths), seed=1)
         # The last request's detour comes after the others ended: in its
         # speculative steps; the others' during plain steps.
         detour_at = [n // 2 for n in self.lengths[:-1]] + [self.lengths[-1] - 4]
         wanted = [
-            self.detoured(p, n, at)
+            detoured_continuation(self.token_map, p, n, at)
             for p, n, at in zip(prompts, self.lengths, detour_at)
         ]
         params = [
