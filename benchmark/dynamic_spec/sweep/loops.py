@@ -111,12 +111,33 @@ async def decode_rate_loop(url: str, prompts: List[List[int]], output_len: int) 
     if end <= start:
         raise RuntimeError(
             f"batch {len(prompts)}: a request finished before the last one started "
-            "decoding; raise --decode-output-len (or the server did not run them all "
-            "at once)"
+            f"decoding ({not_all_at_once(timelines, began, cpu_began)}); raise "
+            "--decode-output-len, or find out why the server did not run them all at "
+            "once"
         )
     tokens = sum(tokens_by(t, end) - tokens_by(t, start) for t in timelines)
     # The client's CPU share over the whole run, for the window.
     return Run(results, tokens, end - start, cpu * (end - start) / wall)
+
+
+def not_all_at_once(
+    timelines: List[List[Tuple[float, int]]], began: float, cpu_began: float
+) -> str:
+    """What the timelines of a decode-rate run that never had every request
+    decoding at once show: when the first one finished, with how many tokens, how
+    many had started by then, and how busy the client was."""
+    first_token = min(t[0][0] for t in timelines)
+    finisher = min(timelines, key=lambda t: t[-1][0])
+    first_end = finisher[-1][0]
+    started = sum(t[0][0] <= first_end for t in timelines)
+    cpu_share = (time.process_time() - cpu_began) / (time.perf_counter() - began)
+    return (
+        f"{first_end - first_token:.1f} s after the first token the first request "
+        f"finished with {finisher[-1][1]} tokens, when {started} of {len(timelines)} "
+        f"had streamed one; the last started after "
+        f"{max(t[0][0] for t in timelines) - first_token:.1f} s; the client used "
+        f"{cpu_share:.0%} of a core"
+    )
 
 
 def tokens_by(timeline: List[Tuple[float, int]], moment: float) -> int:

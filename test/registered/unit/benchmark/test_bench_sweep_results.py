@@ -383,6 +383,13 @@ class TestBenchSweepResults(CustomTestCase):
         with mock.patch.object(sweep.loops, "one_request", one_request):
             with self.assertRaisesRegex(RuntimeError, "raise --decode-output-len"):
                 asyncio.run(sweep.loops.decode_rate_loop("u", [[1]] * 4, 20))
+        one_request, _ = self.staggered_decode(stagger=0.5)
+        with mock.patch.object(sweep.loops, "one_request", one_request):
+            # Request 0 ends at 1.0 s, when requests 0, 1 (0.5 s) and 2 (1.0 s) run.
+            with self.assertRaisesRegex(
+                RuntimeError, "first request finished with 20 tokens, when 3 of 4 "
+            ):
+                asyncio.run(sweep.loops.decode_rate_loop("u", [[1]] * 4, 20))
 
     def test_a_decode_rate_repeats_with_new_prompts(self):
         loops = []
