@@ -383,9 +383,9 @@ class TestBenchSweepResults(CustomTestCase):
         with mock.patch.object(sweep.loops, "one_request", one_request):
             with self.assertRaisesRegex(RuntimeError, "raise --decode-output-len"):
                 asyncio.run(sweep.loops.decode_rate_loop("u", [[1]] * 4, 20))
-        one_request, _ = self.staggered_decode(stagger=0.5)
+        one_request, _ = self.staggered_decode(stagger=0.4)
         with mock.patch.object(sweep.loops, "one_request", one_request):
-            # Request 0 ends at 1.0 s, when requests 0, 1 (0.5 s) and 2 (1.0 s) run.
+            # Request 0 ends at 1.0 s, when requests 0, 1 (0.4 s) and 2 (0.8 s) run.
             with self.assertRaisesRegex(
                 RuntimeError, "first request finished with 20 tokens, when 3 of 4 "
             ):
