@@ -599,6 +599,31 @@ class TestLoadAwareAdaptiveTritonPage16Eager(
     cuda_graph = False
 
 
+class TestLoadAwareAutoAdaptiveRamp(ChainMixin, RampMixin, LoadAwareServerBase):
+    """auto with --speculative-adaptive (upstream's default config): each decode
+    step runs the plain step or one of the candidate step counts, every output is
+    the intended one, and every step count that ran is timed and accepts as a
+    chain of its length should."""
+
+    disable_threshold = "auto"
+    draft_accept = 0.95
+    extra_args = ["--speculative-adaptive"]
+
+    def test_ramp_times_the_step_counts_it_runs(self):
+        self.run_ramp()
+        state = self.load_aware_state()
+        print(f"[load-aware-auto-adaptive] state {state}")
+        costs = state["step_costs_seconds"]
+        timed = sorted(int(m) for m, by_bs in costs.items() if any(by_bs.values()))
+        self.assertIn(0, timed)
+        self.assertGreaterEqual(len(timed), 3, f"step counts timed: {timed}")
+        for num_steps in timed[1:]:
+            measured = state["accept_length"][str(num_steps)]
+            predicted = expected_accept_length(self.draft_accept, num_steps)
+            self.assertAlmostEqual(measured, predicted, delta=0.2 * predicted)
+        self.assert_server_alive_and_idle_clean()
+
+
 class TestAdaptiveZeroDraftStepsRunThePlainStep(ChainMixin, LoadAwareServerBase):
     """--speculative-adaptive alone, with a tier at 0 draft steps from a running batch
     of 8: those steps are the plain step (DECODE graphs, KV-only draft catch-up), and
