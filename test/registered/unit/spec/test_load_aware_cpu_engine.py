@@ -45,7 +45,7 @@ from sglang.test.synthetic_spec_models import (
 )
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=600, suite="base-a-test-cpu")
+register_cpu_ci(est_time=720, suite="base-a-test-cpu")
 
 DRAFT_ACCEPT = 0.8
 PROMPT_LEN = 16
@@ -327,6 +327,41 @@ class TestChainThresholdKVPressureAndAborts(CpuEngineTestBase):
         for i in self.aborted:
             self.engine.tokenizer_manager.abort_request(rids[i])
         return await asyncio.gather(*tasks)
+
+
+class TestTreeThresholdRetractsLikeNoSpeculation(CpuEngineTestBase):
+    """Under KV pressure (the pool of TestChainThresholdKVPressureAndAborts), a
+    load-aware draft-tree server whose steps are plain retracts the same requests
+    as a server without speculation: its decode steps reserve the KV of a plain
+    step (2 tokens per request; a speculative tree step reserves 32), decided
+    before the memory check. Reserving for speculative steps there retracts 6
+    requests instead of these 4."""
+
+    spec = EAGLE3_TREE
+    pool_args = dict(max_total_tokens=640, schedule_conservativeness=0.05)
+    engine_args = dict(ThresholdTests.engine_args, **pool_args)
+    seed = 7
+    num_requests = 16
+    output_len = 96
+
+    def retractions(self, engine, prompts: List[List[int]]) -> List[int]:
+        outputs = engine.generate(
+            input_ids=prompts,
+            sampling_params=[greedy_params(self.output_len)] * len(prompts),
+        )
+        self.assert_outputs_intended(prompts, outputs, [self.output_len] * len(prompts))
+        return [o["meta_info"].get("num_retractions", 0) for o in outputs]
+
+    def test_the_same_requests_are_retracted_as_without_speculation(self):
+        prompts = self.prompts(self.num_requests, seed=1)
+        load_aware = self.retractions(self.engine, prompts)
+        with cpu_spec_engine(
+            env=LEAK_CHECK_ENV, model_path=self.target, **self.pool_args
+        ) as no_speculation:
+            reference = self.retractions(no_speculation, prompts)
+        print(f"[cpu-engine] retractions {load_aware}, without speculation {reference}")
+        self.assertGreater(sum(reference), 0, "the pool never ran short")
+        self.assertEqual(load_aware, reference)
 
 
 class TestChainThresholdGrammar(CpuEngineTestBase):
