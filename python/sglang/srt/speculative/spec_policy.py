@@ -283,6 +283,8 @@ def throughput_spec_policy(
         )
     if initial_steps not in speculative_steps:
         initial_steps = max(speculative_steps)
+    if adaptive is not None:
+        adaptive.choose_steps_externally()
     policy = ThroughputSpecPolicy(
         speculative_steps=speculative_steps,
         initial_steps=initial_steps,
