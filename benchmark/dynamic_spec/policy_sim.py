@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import gzip
 import json
 import statistics
 from dataclasses import dataclass
@@ -86,6 +87,14 @@ def parse_phases(text: str) -> Phases:
         bs, _, seconds = part.partition("x")
         phases.append((int(bs), float(seconds)))
     return phases
+
+
+def load_trace(path: str) -> List[dict]:
+    """A step trace's records (JSON lines; gzip-compressed if the name ends in .gz,
+    as committed traces are)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def step_records(records: Sequence[dict]) -> List[dict]:
@@ -257,8 +266,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
 
     if args.trace:
-        with open(args.trace) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        records = load_trace(args.trace)
         env = environment_from_trace(records, trace_buckets(records))
         workload = phases_of_trace(records)
     else:

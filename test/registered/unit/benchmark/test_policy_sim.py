@@ -1,8 +1,10 @@
 """benchmark/dynamic_spec/policy_sim.py: replaying a workload through the load-aware
 policies offline. No GPU; the cost tables are fixtures, not measurements."""
 
+import gzip
 import io
 import json
+import os
 import tempfile
 import unittest
 from contextlib import redirect_stdout
@@ -70,6 +72,21 @@ class TestEnvironment(CustomTestCase):
             sim.environment_from_trace(trace, [1, 64])
         trace.append({"batch_size": 40, "num_steps": 3, "seconds": 0.05})
         self.assertEqual(sim.trace_buckets(trace), [64])
+
+    def test_traces_load_plain_or_gzipped(self):
+        records = [
+            {"batch_size": 1, "num_steps": 3, "seconds": 0.02},
+            {"num_steps": 3, "num_tokens": 4, "num_requests": 1},
+        ]
+        text = "".join(json.dumps(r) + "\n" for r in records)
+        with tempfile.TemporaryDirectory() as d:
+            plain, packed = os.path.join(d, "t.jsonl"), os.path.join(d, "t.jsonl.gz")
+            with open(plain, "w") as f:
+                f.write(text)
+            with gzip.open(packed, "wt") as f:
+                f.write(text)
+            self.assertEqual(sim.load_trace(plain), records)
+            self.assertEqual(sim.load_trace(packed), records)
 
     def test_a_trace_without_a_verify_is_refused(self):
         trace = [{"batch_size": 1, "num_steps": 0, "seconds": 0.01}]
