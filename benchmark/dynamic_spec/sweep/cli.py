@@ -219,6 +219,16 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
         "hard ones (needs --draft-accept P_easy,P_hard)",
     )
     parser.add_argument(
+        "--servers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="measure each config in N fresh servers, the configs taking turns "
+        "(server 1 of every config, then server 2, ...): its points and ramp are "
+        "then the median over the servers, with their min and max as the spread "
+        "(repeats within one server vary less than servers do)",
+    )
+    parser.add_argument(
         "--render",
         metavar="RESULTS_DIR",
         help="only rewrite summary.json, results.md and the plot from RESULTS_DIR/raw.json",
@@ -234,6 +244,8 @@ def main(description: Optional[str] = None) -> None:
             write_results(args.render, json.load(f)["records"])
         return
     configs = selected_configs(args)
+    if args.servers > 1 and args.decode_rate:
+        sys.exit("--servers: not with --decode-rate")
     if args.content_shift and not isinstance(args.draft_accept, tuple):
         sys.exit(
             "--content-shift needs a content-shift pair: --draft-accept P_easy,P_hard"
@@ -242,8 +254,12 @@ def main(description: Optional[str] = None) -> None:
     header = describe_run(model_name(args))
     out_dir = results_dir(args)
     save = record_saver(out_dir, header)
-    run = run_decode_rate if args.decode_rate else run_config
-    for config in configs:
-        config = with_suggested_threshold(args, config)
-        run(args, config, target, draft, os.path.join(out_dir, "logs"), save)
-        print(f"{config.name}: results in {out_dir}", flush=True)
+    log_dir = os.path.join(out_dir, "logs")
+    for server in range(args.servers):
+        for config in configs:
+            config = with_suggested_threshold(args, config)
+            if args.decode_rate:
+                run_decode_rate(args, config, target, draft, log_dir, save)
+            else:
+                run_config(args, config, target, draft, log_dir, save, server)
+            print(f"{config.name}: results in {out_dir}", flush=True)

@@ -7,7 +7,8 @@ import contextlib
 import fcntl
 import json
 import os
-from typing import Dict, Iterator, List, Optional
+import statistics
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from sweep.configs import KNOWN_CONFIGS
 
@@ -32,17 +33,25 @@ def steady_decode(record: dict) -> List[dict]:
     ]
 
 
+def record_key(record: dict) -> str:
+    """A record's key in raw.json: its config, and beyond the first the fresh
+    server of --servers it was measured in."""
+    server = record.get("server", 0)
+    return f"{record['config']}@server{server}" if server else record["config"]
+
+
 def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dict]:
-    """Add a config's record to raw.json, replacing an older record of it unless
-    that one is finished and this one is not; returns all records, in config order.
-    A record of --decode-rate (its decode_rate section only, no points) replaces
-    only the older record's section; a sweep's record keeps it."""
-    name = record["config"]
+    """Add a config's record to raw.json, replacing an older record of it (of the
+    same server) unless that one is finished and this one is not; returns all
+    records, in config order. A record of --decode-rate (its decode_rate section
+    only, no points) replaces only the older record's section; a sweep's record
+    keeps it."""
+    name = record_key(record)
     with results_lock(out_dir):
         records = records_by_config(out_dir)
         older = records.get(name)
         if "points" not in record:
-            base = older or {"config": name, **header}
+            base = older or {"config": record["config"], **header}
             records[name] = {**base, "decode_rate": {**record["decode_rate"], **header}}
         elif finished(record) or not finished(older):
             kept = {k: v for k, v in (older or {}).items() if k == "decode_rate"}
@@ -53,12 +62,56 @@ def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dic
     return merged
 
 
-def config_order(record: dict) -> int:
+def config_order(record: dict) -> Tuple[int, int]:
     """A record's place: KNOWN_CONFIGS' order, then the configs that no longer exist
-    (in earlier results: the v1 worker's)."""
+    (in earlier results: the v1 worker's); a config's servers in turn."""
     order = list(KNOWN_CONFIGS)
     name = record["config"]
-    return order.index(name) if name in order else len(order)
+    return order.index(name) if name in order else len(order), record.get("server", 0)
+
+
+def pooled_records(records: List[dict]) -> List[dict]:
+    """One record per config. A config measured in several fresh servers
+    (--servers) gets, at each concurrency all of them measured and for the ramp,
+    the median of the servers' output tok/s, their min and max as the spread and
+    each server's value; its other fields are its first server's."""
+    by_config: Dict[str, List[dict]] = {}
+    for record in records:
+        by_config.setdefault(record["config"], []).append(record)
+    return [
+        group[0] if len(group) == 1 else pooled_record(group)
+        for group in by_config.values()
+    ]
+
+
+def pooled_record(group: List[dict]) -> dict:
+    first = group[0]
+    pooled = {k: v for k, v in first.items() if k not in ("ramp", "content_shift")}
+    pooled["servers"] = len(group)
+    if all("points" in r for r in group):
+        by_c = [{p["concurrency"]: p for p in r["points"]} for r in group]
+        pooled["points"] = [
+            pooled_rates([points[p["concurrency"]] for points in by_c])
+            for p in first["points"]
+            if all(p["concurrency"] in points for points in by_c)
+        ]
+    for section in ("ramp", "content_shift"):
+        if all(section in r for r in group):
+            pooled[section] = pooled_rates([r[section] for r in group])
+    return pooled
+
+
+def pooled_rates(measured: List[dict]) -> dict:
+    """A point (or ramp) measured in several servers: the first's fields, with
+    output tok/s the median over the servers and their min and max."""
+    rates = sorted(m["output_tok_s"] for m in measured)
+    return {
+        **measured[0],
+        "output_tok_s": statistics.median(rates),
+        "output_tok_s_min": rates[0],
+        "output_tok_s_max": rates[-1],
+        "servers_output_tok_s": [m["output_tok_s"] for m in measured],
+    }
 
 
 @contextlib.contextmanager
@@ -71,10 +124,10 @@ def results_lock(out_dir: str) -> Iterator[None]:
 
 
 def records_by_config(out_dir: str) -> Dict[str, dict]:
-    """The records in out_dir's raw.json by config name ({} before the first);
-    under results_lock."""
+    """The records in out_dir's raw.json by record_key (the config name for its
+    first server; {} before the first record); under results_lock."""
     raw_path = os.path.join(out_dir, "raw.json")
     if not os.path.exists(raw_path):
         return {}
     with open(raw_path) as f:
-        return {r["config"]: r for r in json.load(f)["records"]}
+        return {record_key(r): r for r in json.load(f)["records"]}

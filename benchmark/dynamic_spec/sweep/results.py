@@ -11,7 +11,7 @@ import sys
 from typing import Callable, Dict, List
 
 from sglang.test.spec_engine_utils import acceptance_label
-from sweep.records import finished, merge_record, swept_records
+from sweep.records import finished, merge_record, pooled_records, swept_records
 from sweep.server import visible_gpu_query
 from sweep.tables import results_markdown
 
@@ -76,7 +76,9 @@ DECODE_RATE_KEYS = (
 
 
 def write_results(out_dir: str, records: List[dict]) -> None:
-    """summary.json, results.md and throughput.png of the records of one model."""
+    """summary.json, results.md and throughput.png of the records of one model
+    (those of one config's servers pooled)."""
+    records = pooled_records(records)
     model = records[0]["model"]
     swept = swept_records(records)
     sections = [r["decode_rate"] for r in records if "decode_rate" in r]

@@ -27,12 +27,15 @@ def run_config(
     draft: str,
     log_dir: str,
     save: Callable[[dict], None],
+    server: int = 0,
 ) -> None:
-    """Measure a config in a fresh server; save() gets its record after every point
-    and after the ramp, so a run cut off keeps the points it finished."""
-    prompts = PromptSource(args.input_len)
+    """Measure a config in a fresh server (the server-th of --servers); save() gets
+    its record after every point and after the ramp, so a run cut off keeps the
+    points it finished."""
+    prompts = PromptSource(args.input_len, seed=server)
     os.makedirs(log_dir, exist_ok=True)
-    log_path = os.path.join(log_dir, f"{config.name}.log")
+    suffix = f"-server{server}" if server else ""
+    log_path = os.path.join(log_dir, f"{config.name}{suffix}.log")
 
     def save_with_decode_throughput(record: dict) -> None:
         with open(log_path, errors="replace") as log:
@@ -44,6 +47,8 @@ def run_config(
         args, config, target, draft, prompts, warmup_concurrencies, log_path
     ) as launch:
         record = {"config": config.name, **launch, "unique_prompts": True, "points": []}
+        if server:
+            record["server"] = server
         state = server_state(args.url)
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
         for concurrency in tqdm(args.concurrency, desc=config.name):

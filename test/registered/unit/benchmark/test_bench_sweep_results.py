@@ -1398,7 +1398,7 @@ class TestBenchSweepResults(CustomTestCase):
         static = {r["config"]: r for r in self.crossing_at_8()}
         thresholds = {}
 
-        def run_config(args, config, target, draft, log_dir, save):
+        def run_config(args, config, target, draft, log_dir, save, server):
             if config.load_aware:
                 thresholds[config.name] = sweep.targets.disable_threshold_of(
                     {"server_args": config.extra_args}
@@ -1419,6 +1419,52 @@ class TestBenchSweepResults(CustomTestCase):
             stack.enter_context(mock.patch.object(sys, "argv", argv))
             sweep.cli.main()
         self.assertEqual(thresholds, {"loadaware-topk1": 8})
+
+    def test_configs_take_turns_over_their_servers(self):
+        runs = []
+
+        def run_config(args, config, target, draft, log_dir, save, server):
+            runs.append((config.name, server))
+
+        with tempfile.TemporaryDirectory() as out_dir, contextlib.ExitStack() as stack:
+            argv = ["bench_sweep.py", "--out-dir", out_dir, "--results-date", "d"]
+            argv += ["--configs", "nospec,auto-topk1", "--servers", "2"]
+            for name, value in [
+                ("generated_pair", lambda *_: ("/t", "/d")),
+                ("describe_run", lambda model: self.header("abc")),
+                ("run_config", run_config),
+            ]:
+                stack.enter_context(mock.patch.object(sweep.cli, name, value))
+            stack.enter_context(mock.patch.object(sys, "argv", argv))
+            sweep.cli.main()
+        self.assertEqual(
+            runs,
+            [("nospec", 0), ("auto-topk1", 0), ("nospec", 1), ("auto-topk1", 1)],
+        )
+
+    def test_a_config_measured_in_several_servers_is_pooled(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            for server, speed in enumerate((100.0, 130.0, 110.0)):
+                record = {**self.record("nospec", speed), "server": server}
+                records = self.merge(out_dir, record)
+            self.assertEqual(len(records), 3)  # one per server in raw.json
+            unfinished = {**self.record("nospec", 500.0), "server": 1}
+            del unfinished["ramp"]  # a later run cut off keeps the finished one
+            records = self.merge(out_dir, unfinished)
+            (pooled,) = sweep.records.pooled_records(records)
+            self.assertEqual(pooled["servers"], 3)
+            at_8 = pooled["points"][1]
+            self.assertEqual(at_8["output_tok_s"], 880.0)  # the median of 800-1040
+            self.assertEqual(
+                (at_8["output_tok_s_min"], at_8["output_tok_s_max"]), (800.0, 1040.0)
+            )
+            self.assertEqual(at_8["servers_output_tok_s"], [800.0, 1040.0, 880.0])
+            self.assertEqual(pooled["ramp"]["output_tok_s"], 440.0)
+            sweep.results.write_results(out_dir, records)
+            summary = json.loads(Path(out_dir, "summary.json").read_text())
+            self.assertEqual(
+                [p["output_tok_s"] for p in summary["points"]], [110.0, 880.0]
+            )
 
     def test_decode_throughput_from_the_server_log(self):
         def decode(bs, tok_s, spec=None):
