@@ -110,6 +110,16 @@ def build_configs(
                 "adaptive-topk1",
                 adaptive,
             ),
+            # auto choosing among the plain step and the adaptive candidate step
+            # counts by measured throughput, in place of the adaptive controller.
+            load_aware(
+                "auto-adaptive-topk1",
+                EAGLE3_CHAIN,
+                {},
+                "adaptive-topk1",
+                adaptive,
+                threshold="auto",
+            ),
             # Pristine upstream 0.5.17 (not the fork) with its adaptive mode and
             # default config: what upstream gives, steps-0 tiers included.
             Config(

@@ -707,6 +707,7 @@ class TestBenchSweepResults(CustomTestCase):
                 "plain-topk4",
                 "adaptive-topk1",
                 "loadaware-adaptive-topk1",
+                "auto-adaptive-topk1",
                 "upstream-adaptive-topk1",
                 "upstream-steps0-topk1",
                 "upstream-steps0-no-extend-topk1",
@@ -715,8 +716,12 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertFalse(
             any("SGLANG_ENABLE_SPEC_V2" in c.env for c in configs.values())
         )
-        # No threshold at all for auto, chain and tree.
-        for name in ("auto-topk1", "auto-topk4"):
+        # No threshold at all for auto, chain, tree and with adaptive.
+        self.assertIn(
+            "--speculative-adaptive", configs["auto-adaptive-topk1"].extra_args
+        )
+        for name in ("auto-topk1", "auto-topk4", "auto-adaptive-topk1"):
+            self.assertTrue(configs[name].auto)
             flags = configs[name].extra_args
             self.assertEqual(
                 flags[flags.index("--speculative-disable-batch-threshold") + 1], "auto"
