@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import random
 import re
 import subprocess
@@ -44,6 +45,7 @@ from sglang.test.synthetic_spec_models import (
 )
 
 CONCURRENCY_LEVELS = (1, 2, 8, 32, 64, 128, 256)
+CONTEXT_MARGIN = 64
 KINDS = ("plain", "logprob", "stop", "grammar")
 TOKEN_TEXT = re.compile(r"w(\d+)")
 
@@ -70,6 +72,7 @@ class RequestMaker:
         abort_share: float,
         max_prompt_len: int,
         max_output_len: int,
+        context_len: int,
     ):
         self.token_map = token_map
         self.rng = rng
@@ -77,6 +80,7 @@ class RequestMaker:
         self.abort_share = abort_share
         self.max_prompt_len = max_prompt_len
         self.max_output_len = max_output_len
+        self.context_len = context_len
         # A stop string must be no prefix of another token's text: the longest ids.
         self.stop_tokens = {
             t
@@ -90,7 +94,9 @@ class RequestMaker:
             rng.randrange(3, len(self.token_map))
             for _ in range(rng.randint(4, self.max_prompt_len))
         ]
-        n = rng.randint(4, self.max_output_len)
+        # Room left in the context for the draft tokens of a speculative step.
+        room = self.context_len - len(prompt) - CONTEXT_MARGIN
+        n = rng.randint(4, max(4, min(self.max_output_len, room)))
         kind = rng.choices(self.kinds, self.weights)[0]
         request = getattr(self, f"_{kind}")(prompt, n)
         if rng.random() < self.abort_share:
@@ -312,13 +318,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if unknown:
         parser.error(f"unknown request kinds {sorted(unknown)}; known: {KINDS}")
     rng = random.Random(args.seed)
+    with open(os.path.join(args.model_dir, "target", "config.json")) as f:
+        context_len = json.load(f)["max_position_embeddings"]
     make_request = RequestMaker(
         next_token_map(args.model_dir),
         rng,
         kinds,
         args.abort_share,
-        args.max_prompt_len,
+        min(args.max_prompt_len, context_len // 2),
         args.max_output_len,
+        context_len,
     )
     schedule = concurrency_schedule(
         rng, args.minutes * 60, args.phase_seconds, args.max_concurrency

@@ -38,6 +38,7 @@ class StandInServer:
         return self.url
 
     def __exit__(self, *exc):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
@@ -51,11 +52,11 @@ class StandInServer:
                 web.get("/health", lambda request: web.Response(text="ok")),
             ]
         )
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
-        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
         self.started.set()
         self.loop.run_forever()
 
