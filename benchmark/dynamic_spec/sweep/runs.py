@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Callable
+from typing import Callable, List
 
 from sweep.bench_serving import run_bench_serving
 from sweep.client import PromptSource
@@ -18,6 +18,17 @@ from sweep.workloads import (
     run_ramp,
 )
 from tqdm import tqdm
+
+
+def server_log_path(log_dir: str, name: str) -> str:
+    os.makedirs(log_dir, exist_ok=True)
+    return os.path.join(log_dir, f"{name}.log")
+
+
+def logged_decode_throughput(log_path: str, config: Config) -> List[dict]:
+    """The decode tok/s the config's server logged so far (decode_throughput)."""
+    with open(log_path, errors="replace") as log:
+        return decode_throughput(log, config.spec is not None)
 
 
 def run_config(
@@ -33,13 +44,11 @@ def run_config(
     its record after every point and after the ramp, so a run cut off keeps the
     points it finished."""
     prompts = PromptSource(args.input_len, seed=server)
-    os.makedirs(log_dir, exist_ok=True)
     suffix = f"-server{server}" if server else ""
-    log_path = os.path.join(log_dir, f"{config.name}{suffix}.log")
+    log_path = server_log_path(log_dir, f"{config.name}{suffix}")
 
     def save_with_decode_throughput(record: dict) -> None:
-        with open(log_path, errors="replace") as log:
-            record["decode_tok_s"] = decode_throughput(log, config.spec is not None)
+        record["decode_tok_s"] = logged_decode_throughput(log_path, config)
         save(record)
 
     warmup_concurrencies = [*args.concurrency, *args.ramp]
@@ -77,8 +86,7 @@ def run_decode_rate(
     """--decode-rate: a config's decode rate at each steady running batch, in a fresh
     server; save() gets the record's decode_rate section after every batch size."""
     prompts = PromptSource(args.input_len)
-    os.makedirs(log_dir, exist_ok=True)
-    log_path = os.path.join(log_dir, f"{config.name}-decode-rate.log")
+    log_path = server_log_path(log_dir, f"{config.name}-decode-rate")
     with serving(
         args, config, target, draft, prompts, args.decode_rate, log_path
     ) as launch:
@@ -98,8 +106,5 @@ def run_decode_rate(
                     f"({capacity} tokens); lower --decode-output-len"
                 )
             section["points"].append(measure_decode_rate(args, config, prompts, batch))
-            with open(log_path, errors="replace") as log:
-                section["decode_tok_s"] = decode_throughput(
-                    log, config.spec is not None
-                )
+            section["decode_tok_s"] = logged_decode_throughput(log_path, config)
             save({"config": config.name, "decode_rate": section})

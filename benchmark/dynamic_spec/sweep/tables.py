@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import collections
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 from sweep.records import finished, steady_decode, swept_records
-from sweep.targets import suggested_thresholds, targets_table
+from sweep.configs import KNOWN_CONFIGS
+from sweep.targets import TARGETS, suggested_thresholds, target_ratios
 
 
 def results_markdown(records: List[dict], title: str) -> str:
@@ -70,14 +71,35 @@ def markdown_cell(point: dict) -> str:
     return f"{rate_with_spread(point)} ({point['spec_step_share']:.0%} spec)"
 
 
+def table_head(columns: Sequence[str]) -> List[str]:
+    """A markdown table's header and separator lines."""
+    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+
+
+def targets_table(records: List[dict]) -> str:
+    by_name = {r["config"]: r for r in records}
+    lines = table_head(["config", *(f"{what} >= {low}" for what, low in TARGETS)])
+    for record in records:
+        config = KNOWN_CONFIGS.get(record["config"])
+        if config is None or not config.load_aware:
+            continue  # not load-aware, or no longer known
+        cells = []
+        for (_, low), ratio in zip(TARGETS, target_ratios(record, by_name)):
+            if ratio is None:
+                cells.append("-")
+                continue
+            value, where = ratio
+            at = f" at {where}" if where is not None else ""
+            cells.append(f"{value:.2f}{at} {'met' if value >= low else 'missed'}")
+        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table(records: List[dict]) -> str:
     concurrency = sorted({p["concurrency"] for r in records for p in r["points"]})
-    lines = [
-        "| config | KV tokens | ramp tok/s | "
-        + " | ".join(f"C={c}" for c in concurrency)
-        + " |"
-    ]
-    lines.append("|---" * (3 + len(concurrency)) + "|")
+    lines = table_head(
+        ["config", "KV tokens", "ramp tok/s", *(f"C={c}" for c in concurrency)]
+    )
     for record in records:
         by_c = {p["concurrency"]: p for p in record["points"]}
         cells = [markdown_cell(by_c[c]) if c in by_c else "-" for c in concurrency]
@@ -103,8 +125,7 @@ def content_shift_table(records: List[dict]) -> str:
     lines = [
         "\nContent shift (--content-shift): output tok/s of C clients, easy prompts "
         "then hard ones, one phase each; median of the repeats [min-max]:\n",
-        "| config | C | total | easy phase | hard phase |",
-        "|---|---|---|---|---|",
+        *table_head(["config", "C", "total", "easy phase", "hard phase"]),
     ]
     for record in shifted:
         shift = record["content_shift"]
@@ -139,10 +160,7 @@ def decode_table(records: List[dict]) -> str:
     if not logged:
         return ""
     batches = sorted({p["concurrency"] for r in records for p in r["points"]})
-    lines = [
-        "| config | " + " | ".join(f"batch {bs}" for bs in batches) + " |",
-        "|---" * (1 + len(batches)) + "|",
-    ]
+    lines = table_head(["config", *(f"batch {bs}" for bs in batches)])
     for record in logged:
         by_batch: Dict[int, List[str]] = collections.defaultdict(list)
         for d in steady_decode(record):
@@ -158,10 +176,7 @@ def bench_serving_table(records: List[dict]) -> str:
     if not measured:
         return ""
     concurrency = sorted({p["concurrency"] for r in measured for p in r["points"]})
-    lines = [
-        "| config | " + " | ".join(f"C={c}" for c in concurrency) + " |",
-        "|---" * (1 + len(concurrency)) + "|",
-    ]
+    lines = table_head(["config", *(f"C={c}" for c in concurrency)])
     for record in measured:
         by_c = {p["concurrency"]: p for p in record["points"] if "bench_serving" in p}
         cells = [
@@ -187,10 +202,7 @@ def decode_rate_table(records: List[dict]) -> str:
         for p in r["decode_rate"]["points"]
     }
     batches = sorted({b for _, b in rate})
-    lines = [
-        "| config | " + " | ".join(f"batch {b}" for b in batches) + " |",
-        "|---" * (1 + len(batches)) + "|",
-    ]
+    lines = table_head(["config", *(f"batch {b}" for b in batches)])
     for record in measured:
         section = record["decode_rate"]
         by_batch = {p["batch"]: p for p in section["points"]}

@@ -105,28 +105,6 @@ def target_ratios(record: dict, by_name: Dict[str, dict]) -> List[Optional[Ratio
     ]
 
 
-def targets_table(records: List[dict]) -> str:
-    by_name = {r["config"]: r for r in records}
-    lines = [
-        "| config | " + " | ".join(f"{what} >= {low}" for what, low in TARGETS) + " |",
-        "|---" * (1 + len(TARGETS)) + "|",
-    ]
-    for record in records:
-        config = KNOWN_CONFIGS.get(record["config"])
-        if config is None or not config.load_aware:
-            continue  # not load-aware, or no longer known
-        cells = []
-        for (_, low), ratio in zip(TARGETS, target_ratios(record, by_name)):
-            if ratio is None:
-                cells.append("-")
-                continue
-            value, where = ratio
-            at = f" at {where}" if where is not None else ""
-            cells.append(f"{value:.2f}{at} {'met' if value >= low else 'missed'}")
-        lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def crossover_concurrency(nospec: dict, always_on: dict) -> Optional[int]:
     """The lowest C from which no speculation stays at least as fast as always_on
     (at every larger C both measured): the disable threshold this data suggests.

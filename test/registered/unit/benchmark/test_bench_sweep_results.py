@@ -1318,7 +1318,7 @@ class TestBenchSweepResults(CustomTestCase):
         load_aware = self.record("loadaware-topk4", 95.0)
         load_aware["points"][0]["output_tok_s"] = 99.0  # C=1: vs max(100, 90)
         load_aware["kv_capacity_tokens"] = 960
-        table = sweep.targets.targets_table([nospec, always_on, load_aware])
+        table = sweep.tables.targets_table([nospec, always_on, load_aware])
         self.assertIn(
             "| loadaware-topk4 | 0.95 at C=8 missed | 0.95 at C=8 missed "
             "| 0.95 missed | 0.96 missed |",
@@ -1327,7 +1327,7 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertNotIn("| nospec |", table)
         # A missing reference leaves its targets open; C < N is not compared with nospec.
         load_aware["points"][1]["output_tok_s"] = 1000.0
-        table = sweep.targets.targets_table([nospec, load_aware])
+        table = sweep.tables.targets_table([nospec, load_aware])
         self.assertIn("| loadaware-topk4 | - | 1.25 at C=8 met | - | - |", table)
 
     def test_suggested_threshold_is_where_no_speculation_stays_ahead(self):
@@ -1398,6 +1398,22 @@ class TestBenchSweepResults(CustomTestCase):
             with self.assertRaisesRegex(SystemExit, "speculation was faster"):
                 sweep.cli.with_suggested_threshold(args, load_aware)
 
+    def run_main(self, run_config, *flags) -> None:
+        """bench_sweep's main() with these flags, each config's run run_config,
+        results in a temporary directory."""
+        with tempfile.TemporaryDirectory() as out_dir, contextlib.ExitStack() as stack:
+            argv = ["bench_sweep.py", "--out-dir", out_dir, "--results-date", "d"]
+            for flag in flags:
+                argv += flag
+            for name, value in [
+                ("generated_pair", lambda *_: ("/t", "/d")),
+                ("describe_run", lambda model: self.header("abc")),
+                ("run_config", run_config),
+            ]:
+                stack.enter_context(mock.patch.object(sweep.cli, name, value))
+            stack.enter_context(mock.patch.object(sys, "argv", argv))
+            sweep.cli.main()
+
     def test_a_sweep_suggests_the_threshold_from_the_configs_it_ran_first(self):
         """main() resolves a suggested threshold only when that config's turn comes."""
         static = {r["config"]: r for r in self.crossing_at_8()}
@@ -1411,18 +1427,11 @@ class TestBenchSweepResults(CustomTestCase):
             else:
                 save(static[config.name])
 
-        with tempfile.TemporaryDirectory() as out_dir, contextlib.ExitStack() as stack:
-            argv = ["bench_sweep.py", "--out-dir", out_dir, "--results-date", "d"]
-            argv += ["--configs", "nospec,eagle3-topk1,loadaware-topk1"]
-            argv += ["--disable-threshold-for", "loadaware-topk1=suggested"]
-            for name, value in [
-                ("generated_pair", lambda *_: ("/t", "/d")),
-                ("describe_run", lambda model: self.header("abc")),
-                ("run_config", run_config),
-            ]:
-                stack.enter_context(mock.patch.object(sweep.cli, name, value))
-            stack.enter_context(mock.patch.object(sys, "argv", argv))
-            sweep.cli.main()
+        self.run_main(
+            run_config,
+            ["--configs", "nospec,eagle3-topk1,loadaware-topk1"],
+            ["--disable-threshold-for", "loadaware-topk1=suggested"],
+        )
         self.assertEqual(thresholds, {"loadaware-topk1": 8})
 
     def test_configs_take_turns_over_their_servers(self):
@@ -1431,17 +1440,7 @@ class TestBenchSweepResults(CustomTestCase):
         def run_config(args, config, target, draft, log_dir, save, server):
             runs.append((config.name, server))
 
-        with tempfile.TemporaryDirectory() as out_dir, contextlib.ExitStack() as stack:
-            argv = ["bench_sweep.py", "--out-dir", out_dir, "--results-date", "d"]
-            argv += ["--configs", "nospec,auto-topk1", "--servers", "2"]
-            for name, value in [
-                ("generated_pair", lambda *_: ("/t", "/d")),
-                ("describe_run", lambda model: self.header("abc")),
-                ("run_config", run_config),
-            ]:
-                stack.enter_context(mock.patch.object(sweep.cli, name, value))
-            stack.enter_context(mock.patch.object(sys, "argv", argv))
-            sweep.cli.main()
+        self.run_main(run_config, ["--configs", "nospec,auto-topk1", "--servers", "2"])
         self.assertEqual(
             runs,
             [("nospec", 0), ("auto-topk1", 0), ("nospec", 1), ("auto-topk1", 1)],
@@ -1521,7 +1520,7 @@ class TestBenchSweepResults(CustomTestCase):
         ]
         self.assertIn(
             "| 0.95 at batch 16 missed |",
-            sweep.targets.targets_table([nospec, load_aware]),
+            sweep.tables.targets_table([nospec, load_aware]),
         )
         table = sweep.tables.decode_table([nospec, load_aware])
         self.assertIn("| config | batch 1 | batch 8 |", table)
@@ -1603,7 +1602,7 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(records[0]["commit"], "new")
 
     def test_a_cut_off_config_leaves_its_ramp_target_open(self):
-        table = sweep.targets.targets_table(
+        table = sweep.tables.targets_table(
             [
                 self.record("nospec", 100.0),
                 self.record("eagle3-topk4", 90.0),
