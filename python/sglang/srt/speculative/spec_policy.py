@@ -449,7 +449,7 @@ def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
 
 # Decode attention backends the plain step (and the draft's catch-up, which runs
 # an extend batch relabelled as decode) has run on; torch_native is the CPU tier's.
-PLAIN_STEP_DECODE_BACKENDS = ("triton", "flashinfer", "torch_native")
+PLAIN_STEP_DECODE_BACKENDS = ("triton", "flashinfer", "fa3", "torch_native")
 
 
 def unverified_decode_backend_reason(cfg: Any) -> Optional[str]:
@@ -470,8 +470,8 @@ def unverified_decode_backend_reason(cfg: Any) -> Optional[str]:
             return (
                 f"the {backend} attention backend ({flag}) has not been verified "
                 "with plain decode steps yet (verified: "
-                f"{', '.join(PLAIN_STEP_DECODE_BACKENDS)}); pass {flag} triton "
-                "or flashinfer"
+                f"{', '.join(PLAIN_STEP_DECODE_BACKENDS)}); pass {flag} triton, "
+                "flashinfer or fa3"
             )
     return None
 

@@ -546,6 +546,24 @@ class TestLoadAwareTopk4FlashinferEager(MatrixMixin, LoadAwareServerBase):
     cuda_graph = False
 
 
+class TestLoadAwareTopk1FA3Graphs(ChainMixin, MatrixMixin, LoadAwareServerBase):
+    """FlashAttention-3, SGLang's default attention backend on Hopper for chains."""
+
+    backend = "fa3"
+
+
+class TestLoadAwareTopk4FA3Graphs(MatrixMixin, LoadAwareServerBase):
+    backend = "fa3"
+
+
+class TestLoadAwareChainFrequentResumeKVCheckFullCatchUpFA3(
+    ChainMixin, TestLoadAwareFrequentResumeKVCheckFullCatchUp
+):
+    """The full draft catch-up (an extend batch relabelled as decode) on FA3."""
+
+    backend = "fa3"
+
+
 class AdaptiveMixin(ChainMixin):
     """Upstream's adaptive step count on the speculative steps: at draft acceptance
     0.95 it rises from 3 to 7 steps after its warmup (15 verify steps by default) and

@@ -180,12 +180,12 @@ class TestLoadAwareValidationPure(CustomTestCase):
                 "--speculative-use-rejection-sampling",
             ),
             (dict(pp_size=2), "--pp-size"),
-            (dict(attention_backend="fa3"), "--attention-backend"),
+            (dict(attention_backend="fa4"), "--attention-backend"),
             (dict(decode_attention_backend="trtllm_mha"), "trtllm_mha"),
             (
                 dict(
                     attention_backend="triton",
-                    speculative_draft_attention_backend="fa3",
+                    speculative_draft_attention_backend="fa4",
                 ),
                 "--speculative-draft-attention-backend",
             ),
@@ -197,7 +197,7 @@ class TestLoadAwareValidationPure(CustomTestCase):
                 self.assertRaisesNaming(args, FLAG_N, needle)
 
     def test_verified_attention_backends(self):
-        for backend in ("triton", "flashinfer", "torch_native", None):
+        for backend in ("triton", "flashinfer", "fa3", "torch_native", None):
             with self.subTest(backend=backend):
                 args = default_args_namespace(
                     attention_backend=backend,
