@@ -35,6 +35,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import aiohttp
+import psutil
 import requests
 
 from sglang.test.spec_engine_utils import greedy_params, metric_total, scrape_metrics
@@ -114,8 +115,11 @@ class RequestMaker:
 
     def _stop(self, prompt: List[int], n: int) -> SoakRequest:
         continuation = greedy_continuation(self.token_map, prompt, n)
+        # Not at the last token: a request that reaches max_new_tokens finishes by
+        # length before its stop strings are checked, and keeps the stop string.
         at = next(
-            (k for k, t in enumerate(continuation) if t in self.stop_tokens), None
+            (k for k, t in enumerate(continuation[:-1]) if t in self.stop_tokens),
+            None,
         )
         if at is None:
             return self._plain(prompt, n)
@@ -141,7 +145,9 @@ def outcome_of(request: SoakRequest, body: dict) -> Tuple[str, Optional[str]]:
     if got != request.intended:
         return (
             "mismatch",
-            f"{request.kind}: got {got[:16]}..., intended {request.intended[:16]}...",
+            f"{request.kind}: got {got[:16]}..., intended {request.intended[:16]}... "
+            f"(max_new_tokens {request.params['max_new_tokens']}, "
+            f"finish {meta['finish_reason']})",
         )
     if meta["finish_reason"]["type"] != expected_finish:
         return "mismatch", f"{request.kind}: finish {meta['finish_reason']}"
@@ -179,32 +185,53 @@ async def send(
 def concurrency_schedule(
     rng: random.Random, seconds: float, phase_seconds: float, max_concurrency: int
 ) -> List[int]:
-    """One level per phase, each different from the last; the first and the last 1."""
+    """One level per phase, each different from the last; the first and the last 1,
+    the maximum at least once (in the middle unless drawn)."""
     levels = [c for c in CONCURRENCY_LEVELS if c <= max_concurrency]
     if max_concurrency not in levels:
         levels.append(max_concurrency)
     schedule = [1]
     while len(schedule) * phase_seconds < seconds - phase_seconds:
         schedule.append(rng.choice([c for c in levels if c != schedule[-1]]))
+    if max_concurrency not in schedule and len(schedule) > 1:
+        schedule[len(schedule) // 2 or 1] = max_concurrency
     return schedule + [1]
 
 
-def gpu_memory_used_mib() -> Optional[List[int]]:
+def nvidia_smi_numbers(query: str) -> List[List[int]]:
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=10,
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return [int(x) for x in out.split()] or None
+        return []
+    return [[int(x) for x in line.split(",")] for line in out.splitlines() if line]
+
+
+def gpu_memory_used_mib(server_pid: Optional[int]) -> Optional[List[int]]:
+    """MiB in use on every GPU, or (server_pid) by that process and its children
+    on each GPU they use: other processes on the GPU do not count then."""
+    if server_pid is None:
+        return [row[0] for row in nvidia_smi_numbers("gpu=memory.used")] or None
+    server = psutil.Process(server_pid)
+    pids = {server_pid, *(p.pid for p in server.children(recursive=True))}
+    apps = nvidia_smi_numbers("compute-apps=pid,used_memory")
+    return [mib for pid, mib in apps if pid in pids] or None
 
 
 class Soak:
-    def __init__(self, url: str, make_request: RequestMaker, schedule: List[int]):
+    def __init__(
+        self,
+        url: str,
+        make_request: RequestMaker,
+        schedule: List[int],
+        server_pid: Optional[int] = None,
+    ):
         self.url = url
+        self.server_pid = server_pid
         self.make_request = make_request
         self.schedule = schedule
         self.level = schedule[0]
@@ -226,7 +253,7 @@ class Soak:
                 self.level = level
                 phase_end = time.monotonic() + phase_seconds
                 while time.monotonic() < phase_end:
-                    used = gpu_memory_used_mib()
+                    used = gpu_memory_used_mib(self.server_pid)
                     if used is not None:
                         gpu.append({"t": round(time.monotonic() - began), "mib": used})
                     await asyncio.sleep(min(gpu_sample_seconds, phase_seconds))
@@ -309,6 +336,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         default=10.0,
         help="how long the server idles before the closing health check",
     )
+    parser.add_argument(
+        "--server-pid",
+        type=int,
+        help="count the GPU memory of this process and its children only",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="the JSON summary (default: printed only)")
     args = parser.parse_args(argv)
@@ -333,7 +365,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         rng, args.minutes * 60, args.phase_seconds, args.max_concurrency
     )
     before = server_metrics(args.url)
-    soak = Soak(args.url, make_request, schedule)
+    soak = Soak(args.url, make_request, schedule, args.server_pid)
     gpu = asyncio.run(soak.run(args.phase_seconds, gpu_sample_seconds=10.0))
     after = server_metrics(args.url)
     summary = {
@@ -348,6 +380,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "problems": soak.problems,
         **{k: after[k] - before[k] for k in after},
         "healthy_after_idle": healthy_after_idle(args.url, args.idle_seconds),
+        "gpu_memory_scope": "device" if args.server_pid is None else "server",
         "gpu_memory_growth_after_warmup_mib": memory_growth_after_warmup(
             gpu, args.warmup_seconds
         ),
