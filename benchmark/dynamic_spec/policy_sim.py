@@ -4,10 +4,12 @@ The environment is what a GPU measured: the seconds of one decode step per mode 
 s: s draft steps) and captured batch size, and the acceptance over time. It comes from a
 trace of a real run (``--trace``: the JSON lines an ``auto`` server writes with
 ``SGLANG_LOAD_AWARE_STEP_TRACE=PATH``, its timed decode steps ``{"batch_size",
-"num_steps", "seconds"}`` and its verifies ``{"num_steps", "num_tokens",
-"num_requests"}``), whose steps give the cost table (median per mode and batch bucket)
-and whose verifies the acceptance timeline, or from a cost table and an acceptance schedule given
-directly (``--costs``, ``--accept``). The workload is a sequence of phases of a
+"num_steps", "seconds"}``, its verifies ``{"num_steps", "num_tokens",
+"num_requests"}`` and its decisions ``{"decision", "reason", "batch_size", "t"}``),
+whose steps give the cost table (median per mode and batch bucket), whose verifies
+the acceptance timeline and whose decisions what switching cost (printed), or
+from a cost table and an acceptance schedule given directly (``--costs``,
+``--accept``). The workload is a sequence of phases of a
 running batch size held for a time, as a closed loop at a concurrency holds it
 (``--phases 1x2,32x4,...``: batch 1 for 2 s, then 32 for 4 s; or the trace's own
 timeline): every policy runs each phase for the same time, so the tokens/s compare
@@ -98,8 +100,43 @@ def load_trace(path: str) -> List[dict]:
 
 
 def step_records(records: Sequence[dict]) -> List[dict]:
-    """The trace's timed decode steps (its other records are verifies)."""
+    """The trace's timed decode steps (its other records are verifies and
+    decisions)."""
     return [r for r in records if "seconds" in r]
+
+
+def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
+    """From the trace's decisions: the wall seconds from each decode step's decision
+    to the next one's (prefills in between included), median by mode for the
+    first step after a switch and for the others, and the share of the wall time
+    that the steps right after a switch took beyond their mode's usual step."""
+    decisions = [r for r in records if "decision" in r]
+    steps: Dict[Tuple[str, bool], List[float]] = {}
+    previous = None
+    for this, following in zip(decisions, decisions[1:]):
+        mode = "plain" if this["decision"] == PLAIN else "spec"
+        switched = previous is not None and mode != previous
+        steps.setdefault((mode, switched), []).append(following["t"] - this["t"])
+        previous = mode
+    if not steps:
+        return {}
+    wall = decisions[-1]["t"] - decisions[0]["t"]
+    excess = sum(
+        sum(after) - len(after) * statistics.median(steps.get((mode, False), after))
+        for (mode, switched), after in steps.items()
+        if switched
+    )
+    return {
+        "decode_steps": len(decisions) - 1,
+        "switches": sum(len(v) for (_, switched), v in steps.items() if switched),
+        "wall_seconds": wall,
+        "median_ms": {
+            f"{mode}{' after a switch' if switched else ''}": 1e3
+            * statistics.median(v)
+            for (mode, switched), v in sorted(steps.items())
+        },
+        "switch_excess_share": excess / wall if wall > 0 else 0.0,
+    }
 
 
 def phases_of_trace(records: Sequence[dict]) -> Phases:
@@ -135,6 +172,8 @@ def environment_from_trace(
     acceptance: List[Tuple[float, float]] = []
     now = 0.0
     for record in records:
+        if "decision" in record:
+            continue
         mode = record["num_steps"]
         if "seconds" in record:
             bs = record["batch_size"]
@@ -269,6 +308,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         records = load_trace(args.trace)
         env = environment_from_trace(records, trace_buckets(records))
         workload = phases_of_trace(records)
+        wall_times = step_wall_times(records)
+        if wall_times:
+            print(f"the trace's decode steps, wall time: {json.dumps(wall_times)}")
     else:
         if not (args.costs and args.accept and args.phases):
             parser.error("give --trace, or --costs, --accept and --phases")

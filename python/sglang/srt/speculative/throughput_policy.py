@@ -34,6 +34,7 @@ import bisect
 import collections
 import json
 import logging
+import time
 from typing import (
     Callable,
     Deque,
@@ -487,15 +488,28 @@ class PendingObservations:
 
 class StepTrace:
     """``SGLANG_LOAD_AWARE_STEP_TRACE``: one JSON line per timed decode step
-    (``batch_size``, ``num_steps``, ``seconds``) and per verify (``num_steps``,
-    ``num_tokens``, ``num_requests``), in the order they were observed: what
-    ``benchmark/dynamic_spec/policy_sim.py --trace`` replays."""
+    (``batch_size``, ``num_steps``, ``seconds``), per verify (``num_steps``,
+    ``num_tokens``, ``num_requests``) and per decision (``decision``: its step
+    count, ``reason``, ``batch_size``, ``t``: monotonic seconds), in the order they
+    happened: what ``benchmark/dynamic_spec/policy_sim.py --trace`` replays. The
+    decisions' times hold what the timed steps leave out: prefills in between and
+    the steps around a switch."""
 
     def __init__(self, path: str):
         self._file = open(path, "a", buffering=1)
 
     def step(self, sample: StepSample) -> None:
         self._write(sample._asdict())
+
+    def decision(self, batch_size: int, decision: ThroughputDecision) -> None:
+        self._write(
+            {
+                "decision": decision.num_steps,
+                "reason": decision.reason,
+                "batch_size": batch_size,
+                "t": round(time.monotonic(), 6),
+            }
+        )
 
     def verify(self, num_steps: int, num_tokens: int, num_requests: int) -> None:
         self._write(
@@ -506,7 +520,7 @@ class StepTrace:
             }
         )
 
-    def _write(self, record: Dict[str, Union[int, float]]) -> None:
+    def _write(self, record: Dict[str, Union[int, float, str]]) -> None:
         self._file.write(json.dumps(record) + "\n")
 
 
@@ -615,6 +629,8 @@ class ThroughputSpecPolicy:
             self.pending.fold_into(self.policy, self.reduce)
 
         decision = self.policy.decide(batch_size)
+        if self.trace is not None:
+            self.trace.decision(batch_size, decision)
         if decision.toggled:
             logger.info(
                 "Load-aware speculation: %s from decode step %d (running batch %d, "

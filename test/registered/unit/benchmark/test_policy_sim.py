@@ -25,6 +25,10 @@ COSTS = {
 sim = load_benchmark_script("policy_sim")
 
 
+def decision(i: int, num_steps: int, t: float) -> dict:
+    return {"decision": num_steps, "reason": "x", "batch_size": 8, "t": t}
+
+
 def run(policy: str, env, phases):
     return sim.simulate(sim.make_policy(policy, env, 1.0), env, phases)
 
@@ -59,6 +63,28 @@ class TestEnvironment(CustomTestCase):
         self.assertAlmostEqual(env.accept_length(3, 0.14), 2.0, 5)
         self.assertEqual(sim.phases_of_trace(trace)[3], (64, 0.016))
         self.assertEqual(len(sim.phases_of_trace(trace)), 5)
+        decisions = [decision(i, 0, 0.01 * i) for i in range(3)]
+        self.assertEqual(sim.environment_from_trace(trace + decisions, buckets), env)
+
+    def test_wall_time_of_the_steps_after_a_switch(self):
+        # Plain steps of 5 ms, speculative ones of 12 ms, and the first step of each
+        # mode after a switch 10 ms longer: 4 switches in 40 steps.
+        modes = ([0] * 10 + [3] * 10) * 2 + [0]
+        t, trace = 0.0, []
+        for i, mode in enumerate(modes):
+            trace.append(decision(i, mode, t))
+            usual = 0.005 if mode == 0 else 0.012
+            switched = i > 0 and (mode == 0) != (modes[i - 1] == 0)
+            t += usual + (0.010 if switched else 0.0)
+        wall = sim.step_wall_times(trace)
+        self.assertEqual((wall["decode_steps"], wall["switches"]), (40, 3))
+        self.assertAlmostEqual(wall["wall_seconds"], 20 * 0.005 + 20 * 0.012 + 0.03)
+        median = wall["median_ms"]
+        self.assertAlmostEqual(median["plain"], 5.0)
+        self.assertAlmostEqual(median["spec after a switch"], 22.0)
+        self.assertAlmostEqual(median["plain after a switch"], 15.0)
+        self.assertAlmostEqual(wall["switch_excess_share"], 0.03 / wall["wall_seconds"])
+        self.assertEqual(sim.step_wall_times(trace[:1]), {})
 
     def test_a_trace_missing_a_bucket_is_refused(self):
         trace = [

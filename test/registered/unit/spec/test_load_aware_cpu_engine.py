@@ -448,6 +448,10 @@ class TestChainAutoOverlap(CpuEngineTestBase):
         self.assertAlmostEqual(per_request, predicted, delta=0.25 * predicted)
         env = sim.environment_from_trace(trace, sim.trace_buckets(trace))
         self.assertEqual(set(env.costs), {0, 3})
+        # Every decode step is decided, timed or not.
+        wall = sim.step_wall_times(trace)
+        self.assertGreaterEqual(wall["decode_steps"], len(sim.step_records(trace)))
+        self.assertGreater(wall["switches"], 0)
         phases = sim.phases_of_trace(trace)
         results = {
             policy: sim.simulate(sim.make_policy(policy, env, 1.0), env, phases)
