@@ -131,8 +131,7 @@ def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
         "switches": sum(len(v) for (_, switched), v in steps.items() if switched),
         "wall_seconds": wall,
         "median_ms": {
-            f"{mode}{' after a switch' if switched else ''}": 1e3
-            * statistics.median(v)
+            f"{mode}{' after a switch' if switched else ''}": 1e3 * statistics.median(v)
             for (mode, switched), v in sorted(steps.items())
         },
         "switch_excess_share": excess / wall if wall > 0 else 0.0,

@@ -115,7 +115,9 @@ class TestAssignNewFiles(unittest.TestCase):
     def test_a_benchmark_follows_the_series_whatever_it_imports(self):
         groups = assign_new_files(
             [patch("from sglang.srt.speculative.fork_a import A")],
-            files(**{A: "A = 1\n", BENCH: "from sglang.srt.speculative import fork_a\n"}),
+            files(
+                **{A: "A = 1\n", BENCH: "from sglang.srt.speculative import fork_a\n"}
+            ),
         )
         self.assertEqual(groups, [[A], [BENCH]])
 

@@ -59,9 +59,9 @@ from sglang.srt.speculative.throughput_policy import (
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
     from sglang.srt.speculative.load_aware import LoadAwarePlainStep
-    from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 

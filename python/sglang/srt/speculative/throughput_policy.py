@@ -614,7 +614,10 @@ class ThroughputSpecPolicy:
         batch_size = batch.batch_size()
         if batch.launch_ts is not None and batch.forward_mode.is_decode():
             sample = self.timer.record(
-                batch.forward_iter, batch.launch_ts, self._launched_mode(batch), batch_size
+                batch.forward_iter,
+                batch.launch_ts,
+                self._launched_mode(batch),
+                batch_size,
             )
             if sample is not None:
                 if self.trace is not None:

@@ -14,8 +14,6 @@ from sglang.test.test_utils import CustomTestCase
 register_cpu_ci(est_time=5, suite="base-a-test-cpu")
 
 
-
-
 def event(cat, name, ts, dur, correlation=None, tid=1):
     args = {} if correlation is None else {"correlation": correlation}
     return {
