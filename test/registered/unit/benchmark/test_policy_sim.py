@@ -23,6 +23,14 @@ COSTS = {
 
 
 sim = load_benchmark_script("policy_sim")
+# The trace of an auto server on one H200 (llama8b preset, 16 clients on prompts its
+# draft accepts at 0.95 per token, then at 0.3): its NOTES.md beside it.
+REAL_TRACE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)),
+    *[".."] * 4,
+    "benchmark/dynamic_spec/results/2026-12-02-llama8b-p0.95-0.3/traces",
+    "auto-topk1-steps.jsonl.gz",
+)
 
 
 def decision(i: int, num_steps: int, t: float) -> dict:
@@ -157,6 +165,19 @@ class TestSimulate(CustomTestCase):
         }
         best_fixed = max(v for p, v in results.items() if p != "auto")
         self.assertGreater(results["auto"], 1.05 * best_fixed)
+
+    def test_auto_on_the_trace_of_a_real_run(self):
+        records = sim.load_trace(REAL_TRACE)
+        env = sim.environment_from_trace(records, sim.trace_buckets(records))
+        phases = sim.phases_of_trace(records)
+        results = {p: run(p, env, phases) for p in ("nospec", "always", "auto")}
+        rate = {p: r["tokens_per_second"] for p, r in results.items()}
+        self.assertGreaterEqual(
+            rate["auto"], 0.99 * max(rate["nospec"], rate["always"])
+        )
+        # It speculates on the easy prompts, and runs plain on the hard ones.
+        self.assertGreater(results["auto"]["spec_step_share"], 0.05)
+        self.assertLess(results["auto"]["spec_step_share"], 0.5)
 
     def test_cli_prints_one_row_per_policy(self):
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
