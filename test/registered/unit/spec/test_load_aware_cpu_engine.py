@@ -313,20 +313,27 @@ class TestChainThresholdKVPressureAndAborts(CpuEngineTestBase):
     async def generate_and_abort(self, prompts: List[List[int]]) -> List[dict]:
         # Aborts match rids by prefix: none is a prefix of another.
         rids = [f"kv-pressure-{i:03d}." for i in range(len(prompts))]
-        tasks = [
-            asyncio.ensure_future(
-                self.engine.async_generate(
-                    input_ids=prompt,
-                    sampling_params=greedy_params(self.output_len),
-                    rid=rid,
-                )
+        return await asyncio.gather(
+            *(
+                self.generate(prompt, rid, abort=i in self.aborted)
+                for i, (prompt, rid) in enumerate(zip(prompts, rids))
             )
-            for prompt, rid in zip(prompts, rids)
-        ]
-        await asyncio.sleep(3)
-        for i in self.aborted:
-            self.engine.tokenizer_manager.abort_request(rids[i])
-        return await asyncio.gather(*tasks)
+        )
+
+    async def generate(self, prompt: List[int], rid: str, abort: bool) -> dict:
+        """The request's output; with abort, aborted once it has half its tokens (a
+        fixed delay let fast runs finish it first)."""
+        params = dict(input_ids=prompt, sampling_params=greedy_params(self.output_len))
+        if not abort:
+            return await self.engine.async_generate(**params, rid=rid)
+        chunk, aborted = None, False
+        async for chunk in await self.engine.async_generate(
+            **params, rid=rid, stream=True
+        ):
+            if not aborted and len(chunk["output_ids"]) >= self.output_len // 2:
+                self.engine.tokenizer_manager.abort_request(rid)
+                aborted = True
+        return chunk
 
 
 class TestTreeThresholdRetractsLikeNoSpeculation(CpuEngineTestBase):
