@@ -216,8 +216,11 @@ def gpu_memory_used_mib(server_pid: Optional[int]) -> Optional[List[int]]:
     on each GPU they use: other processes on the GPU do not count then."""
     if server_pid is None:
         return [row[0] for row in nvidia_smi_numbers("gpu=memory.used")] or None
-    server = psutil.Process(server_pid)
-    pids = {server_pid, *(p.pid for p in server.children(recursive=True))}
+    try:
+        server = psutil.Process(server_pid)
+        pids = {server_pid, *(p.pid for p in server.children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return None  # the server died: its requests' errors tell
     apps = nvidia_smi_numbers("compute-apps=pid,used_memory")
     return [mib for pid, mib in apps if pid in pids] or None
 

@@ -155,6 +155,14 @@ class TestSoak(CustomTestCase):
         self.assertGreater(summary["mismatches"], 0)
         self.assertTrue(summary["problems"])
 
+    def test_gpu_memory_of_a_server_that_died_is_unknown(self):
+        import subprocess
+        import sys
+
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        self.assertIsNone(soak.gpu_memory_used_mib(gone.pid))
+
     def test_the_concurrency_moves_between_one_and_the_maximum(self):
         import random
 
