@@ -33,7 +33,7 @@ REAL_TRACE = os.path.join(
 )
 
 
-def decision(i: int, num_steps: int, t: float) -> dict:
+def decision(num_steps: int, t: float) -> dict:
     return {"decision": num_steps, "reason": "x", "batch_size": 8, "t": t}
 
 
@@ -71,7 +71,7 @@ class TestEnvironment(CustomTestCase):
         self.assertAlmostEqual(env.accept_length(3, 0.14), 2.0, 5)
         self.assertEqual(sim.phases_of_trace(trace)[3], (64, 0.016))
         self.assertEqual(len(sim.phases_of_trace(trace)), 5)
-        decisions = [decision(i, 0, 0.01 * i) for i in range(3)]
+        decisions = [decision(0, 0.01 * i) for i in range(3)]
         self.assertEqual(sim.environment_from_trace(trace + decisions, buckets), env)
 
     def test_wall_time_of_the_steps_after_a_switch(self):
@@ -80,7 +80,7 @@ class TestEnvironment(CustomTestCase):
         modes = ([0] * 10 + [3] * 10) * 2 + [0]
         t, trace = 0.0, []
         for i, mode in enumerate(modes):
-            trace.append(decision(i, mode, t))
+            trace.append(decision(mode, t))
             usual = 0.005 if mode == 0 else 0.012
             switched = i > 0 and (mode == 0) != (modes[i - 1] == 0)
             t += usual + (0.010 if switched else 0.0)

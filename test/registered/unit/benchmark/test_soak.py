@@ -5,6 +5,8 @@ streaming), or gets some tokens wrong: the soak's checks must tell them apart.""
 import asyncio
 import json
 import re
+import subprocess
+import sys
 import threading
 import unittest
 
@@ -156,9 +158,6 @@ class TestSoak(CustomTestCase):
         self.assertTrue(summary["problems"])
 
     def test_gpu_memory_of_a_server_that_died_is_unknown(self):
-        import subprocess
-        import sys
-
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
         gone.wait()
         self.assertIsNone(soak.gpu_memory_used_mib(gone.pid))
