@@ -144,7 +144,17 @@ import math
 import os
 import random
 import zlib
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import torch
 from safetensors.torch import save_file
@@ -171,6 +181,9 @@ TARGET_LAYER_NOISE = 0.05
 DRAFT_FILLER_NOISE = 0.05
 MAX_SHARD_BYTES = 4 * 1024**3
 SPEC_FILE = "synthetic_spec.json"
+# Token strings of write_json_object_tokenizer.
+JSON_OBJECT_OPENER = '{"a":"'
+JSON_OBJECT_CLOSER = '"}'
 # Lower bound of the target's top1 - top2 logit gap that the CPU tests assert.
 TARGET_MIN_MARGIN = 6.0
 DTYPE = torch.bfloat16
@@ -822,11 +835,19 @@ def _write_draft(
     )
 
 
-def _write_tokenizer(out_dir: str, vocab_size: int, max_length: int) -> None:
+def _write_tokenizer(
+    out_dir: str,
+    vocab_size: int,
+    max_length: int,
+    renamed: Optional[Mapping[int, str]] = None,
+) -> None:
+    """Token ``i`` is ``"w<i>"`` (after the special tokens), or ``renamed[i]``."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
+    names = {i: f"w{i}" for i in range(NUM_SPECIAL_TOKENS, vocab_size)}
+    names.update(renamed or {})
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"w{i}": i for i in range(NUM_SPECIAL_TOKENS, vocab_size)})
+    vocab.update({name: i for i, name in names.items()})
     tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS[0]))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(
@@ -848,6 +869,29 @@ def _write_tokenizer(out_dir: str, vocab_size: int, max_length: int) -> None:
             "model_max_length": max_length,
         },
     )
+
+
+def write_json_object_tokenizer(target_dir: str, out_dir: str) -> Tuple[int, int]:
+    """Write to ``out_dir`` the tokenizer of the synthetic target ``target_dir`` with
+    two tokens renamed to ``{"a":"`` and ``"}``, so that its vocab can spell the JSON
+    object ``{"a":"w<id>w<id>..."}``. The two are the highest ids the target's
+    greedy map never emits (a random prompt may still hold them). Returns their
+    ids: (opener, closer)."""
+    with open(os.path.join(target_dir, "config.json")) as f:
+        config = json.load(f)
+    emitted = set(next_token_map(os.path.dirname(target_dir)))
+    never_emitted = (
+        i for i in reversed(range(config["vocab_size"])) if i not in emitted
+    )
+    opener, closer = next(never_emitted), next(never_emitted)
+    os.makedirs(out_dir, exist_ok=True)
+    _write_tokenizer(
+        out_dir,
+        config["vocab_size"],
+        config["max_position_embeddings"],
+        renamed={opener: JSON_OBJECT_OPENER, closer: JSON_OBJECT_CLOSER},
+    )
+    return opener, closer
 
 
 def _write_spec(

@@ -5,8 +5,8 @@ The threshold and adaptive classes run mixed-length concurrent requests (all but
 the longest end during plain steps) and a lone request; the threshold classes also
 a long request that other requests push to plain steps and back every few steps.
 One class runs a KV pool too small for its requests (retractions) while some of
-them are aborted, one xgrammar regex constraints, one the ``auto`` policy. Every
-output is
+them are aborted, one xgrammar regex and JSON-schema constraints (its tokenizer
+spells a JSON object's opener and closer), one the ``auto`` policy. Every output is
 compared token for token with the synthetic target's greedy continuation. The
 draft is the KV-check variant: it proposes right only if the draft KV at the
 previous position is what the draft writes there, so a stale draft KV where the
@@ -42,6 +42,7 @@ from sglang.test.synthetic_spec_models import (
     expected_accept_length,
     greedy_continuation,
     next_token_map,
+    write_json_object_tokenizer,
 )
 from sglang.test.test_utils import CustomTestCase
 
@@ -56,6 +57,23 @@ LONE_REQUEST_TOKENS = 128
 # this pair: within about 12%. A stale draft KV gives 1 in the rounds after a
 # resume: with a resume before at least every other round, < (predicted + 1) / 2.
 ACCEPT_TOLERANCE = 0.2
+
+
+def token_string(tokens: Sequence[int]) -> str:
+    """The synthetic tokens' strings ("w<id>") as a grammar matches them: joined."""
+    return "".join(f"w{t}" for t in tokens)
+
+
+def object_schema(value: str) -> str:
+    """JSON schema of exactly the object {"a": value}."""
+    return json.dumps(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string", "pattern": f"^{value}$"}},
+            "required": ["a"],
+            "additionalProperties": False,
+        }
+    )
 
 
 class CpuEngineTestBase(CustomTestCase):
@@ -76,7 +94,8 @@ class CpuEngineTestBase(CustomTestCase):
         )
         cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
         cls._tmp = tempfile.TemporaryDirectory()
-        engine_args, env = dict(cls.engine_args), dict(LEAK_CHECK_ENV)
+        engine_args = dict(cls.engine_args, **cls.setup_engine_args())
+        env = dict(LEAK_CHECK_ENV)
         if cls.adaptive_tiers is not None:
             config = os.path.join(cls._tmp.name, "adaptive.json")
             with open(config, "w") as f:
@@ -102,6 +121,11 @@ class CpuEngineTestBase(CustomTestCase):
         except BaseException:
             cls._tmp.cleanup()
             raise
+
+    @classmethod
+    def setup_engine_args(cls) -> Dict[str, object]:
+        """Engine args made at class setup (after cls.target and cls._tmp)."""
+        return {}
 
     @classmethod
     def tearDownClass(cls):
@@ -372,10 +396,12 @@ class TestTreeThresholdRetractsLikeNoSpeculation(CpuEngineTestBase):
 
 
 class TestChainThresholdGrammar(CpuEngineTestBase):
-    """xgrammar regex constraints through plain steps, speculative steps and the
-    switches between them: each request's regex forces one token the target would
-    not pick (a detour), so its output follows the greedy map only where the
-    grammar's mask, advanced over every committed token, allows it."""
+    """xgrammar regex and JSON-schema constraints through plain steps, speculative
+    steps and the switches between them: each request's grammar forces one token
+    the target would not pick (a detour), so its output follows the greedy map only
+    where the grammar's mask, advanced over every committed token, allows it. The
+    engine's tokenizer renames two tokens the target never emits to ``{"a":"`` and
+    ``"}``, so a schema can force the object ``{"a":"<detoured tokens>"}``."""
 
     spec = EAGLE3_CHAIN
     engine_args = dict(
@@ -386,26 +412,62 @@ class TestChainThresholdGrammar(CpuEngineTestBase):
     seed = 6
     lengths = (12, 20, 28, 40)
 
+    @classmethod
+    def setup_engine_args(cls) -> Dict[str, object]:
+        tokenizer_dir = os.path.join(cls._tmp.name, "json-tokenizer")
+        cls.opener, cls.closer = write_json_object_tokenizer(cls.target, tokenizer_dir)
+        return dict(tokenizer_path=tokenizer_dir)
+
+    def detoured(self, contexts: Sequence[List[int]]) -> List[List[int]]:
+        """Each request's detoured continuation of its context, self.lengths tokens.
+        The last request's detour comes after the others ended: in its speculative
+        steps; the others' during plain steps."""
+        detour_at = [n // 2 for n in self.lengths[:-1]] + [self.lengths[-1] - 4]
+        return [
+            detoured_continuation(self.token_map, context, n, at)
+            for context, n, at in zip(contexts, self.lengths, detour_at)
+        ]
+
+    def assert_plain_then_speculative(self, outputs: Sequence[dict]) -> None:
+        """The longest request also ran verify steps; the others only plain ones."""
+        self.assertGreater(outputs[-1]["meta_info"]["spec_verify_ct"], 0)
+        self.assert_all_but_the_longest_plain(outputs)
+
     def test_regex_detours_hold_in_plain_and_speculative_steps(self):
         prompts = self.prompts(len(self.lengths), seed=1)
-        # The last request's detour comes after the others ended: in its
-        # speculative steps; the others' during plain steps.
-        detour_at = [n // 2 for n in self.lengths[:-1]] + [self.lengths[-1] - 4]
-        wanted = [
-            detoured_continuation(self.token_map, p, n, at)
-            for p, n, at in zip(prompts, self.lengths, detour_at)
-        ]
+        wanted = self.detoured(prompts)
         params = [
-            dict(greedy_params(n), regex="".join(f"w{t}" for t in tokens))
+            dict(greedy_params(n), regex=token_string(tokens))
             for n, tokens in zip(self.lengths, wanted)
         ]
         outputs = self.engine.generate(input_ids=prompts, sampling_params=params)
         for i, (out, tokens) in enumerate(zip(outputs, wanted)):
             self.assertEqual(out["output_ids"], tokens, f"request {i}")
-        last = outputs[-1]["meta_info"]
-        self.assertGreater(last["spec_verify_ct"], 0)
-        self.assertGreater(plain_step_tokens(last), 0)
-        self.assert_all_but_the_longest_plain(outputs)
+        self.assert_plain_then_speculative(outputs)
+        self.assert_engine_alive()
+
+    def test_json_schema_detours_hold_in_plain_and_speculative_steps(self):
+        prompts = self.prompts(len(self.lengths), seed=2)
+        # The opener is the only token the schema allows first (xgrammar's JSON
+        # grammar admits it with any whitespace, sglang's default; without, it
+        # wants '": "'); the string's tokens continue from it.
+        values = self.detoured([[self.opener]] * len(prompts))
+        for tokens in prompts + values:
+            self.assertNotIn(self.opener, tokens)
+            self.assertNotIn(self.closer, tokens)
+        params = [
+            dict(greedy_params(len(v) + 2), json_schema=object_schema(token_string(v)))
+            for v in values
+        ]
+        outputs = self.engine.generate(input_ids=prompts, sampling_params=params)
+        for i, (out, value) in enumerate(zip(outputs, values)):
+            self.assertEqual(
+                out["output_ids"], [self.opener] + value + [self.closer], f"request {i}"
+            )
+            # The tokenizer has no decoder: its text joins the tokens with spaces.
+            spaced = "".join(f" w{t}" for t in value) + " "
+            self.assertEqual(json.loads(out["text"]), {"a": spaced}, f"request {i}")
+        self.assert_plain_then_speculative(outputs)
         self.assert_engine_alive()
 
 
