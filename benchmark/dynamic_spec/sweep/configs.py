@@ -18,6 +18,11 @@ STEPS0_ADAPTIVE_CONFIG = {"1": {"candidate_steps": [0]}}
 # eagle3_args' step counts at steps 0: upstream takes the initial step count from
 # --speculative-num-steps, which must be a candidate, and one draft token (the root).
 UPSTREAM_STEPS0 = dict(num_steps=0, topk=1, num_draft_tokens=1)
+# The --speculative-adaptive configs launch at the default config's largest
+# candidate, 7 steps: pristine 0.5.17 sizes its shared logits buffer by the launch
+# draft tokens and crashes capturing a larger candidate's graphs (upstream #30549,
+# fixed by the fork's patch 0011); the fork's adaptive configs start alike.
+ADAPTIVE_LAUNCH = dict(num_steps=7, topk=1, num_draft_tokens=8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +106,11 @@ def build_configs(
             # Upstream's adaptive step count on the fork: its steps-0 tiers (a
             # candidate from batch 8, the only one from 64 in upstream's default
             # config) run the fork's plain step instead of upstream's steps-0 step.
-            Config("adaptive-topk1", EAGLE3_CHAIN, adaptive, {}),
+            Config("adaptive-topk1", ADAPTIVE_LAUNCH, adaptive, {}),
             # Upstream's adaptive step count while speculating, plain steps under load.
             load_aware(
                 "loadaware-adaptive-topk1",
-                EAGLE3_CHAIN,
+                ADAPTIVE_LAUNCH,
                 {},
                 "adaptive-topk1",
                 adaptive,
@@ -114,7 +119,7 @@ def build_configs(
             # counts by measured throughput, in place of the adaptive controller.
             load_aware(
                 "auto-adaptive-topk1",
-                EAGLE3_CHAIN,
+                ADAPTIVE_LAUNCH,
                 {},
                 "adaptive-topk1",
                 adaptive,
@@ -123,7 +128,11 @@ def build_configs(
             # Pristine upstream 0.5.17 (not the fork) with its adaptive mode and
             # default config: what upstream gives, steps-0 tiers included.
             Config(
-                "upstream-adaptive-topk1", EAGLE3_CHAIN, adaptive, {}, pristine=True
+                "upstream-adaptive-topk1",
+                ADAPTIVE_LAUNCH,
+                adaptive,
+                {},
+                pristine=True,
             ),
             # Pristine upstream with steps 0 at every batch size: upstream's own
             # steps-0 step (a one-node TARGET_VERIFY and the full draft extend)

@@ -18,6 +18,9 @@ from unittest import mock
 
 from aiohttp import web
 
+from sglang.srt.speculative.adaptive_spec_params import (
+    resolve_candidate_steps_from_config,
+)
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.spec_engine_utils import (
     EAGLE3_CHAIN,
@@ -765,6 +768,14 @@ class TestBenchSweepResults(CustomTestCase):
             (fork.spec, ["--speculative-adaptive"], None),
         )
         self.assertFalse(fork.pristine)
+        # Every adaptive config launches at the default config's largest candidate
+        # (pristine 0.5.17 crashes capturing one above its launch step count).
+        largest = max(resolve_candidate_steps_from_config(None))
+        for name in ("loadaware-adaptive-topk1", "auto-adaptive-topk1"):
+            self.assertEqual(configs[name].spec, fork.spec)
+        self.assertEqual(
+            fork.spec, dict(num_steps=largest, topk=1, num_draft_tokens=largest + 1)
+        )
 
     def test_upstream_steps0_runs_steps_0_at_every_batch(self):
         from sglang.srt.arg_groups.speculative_hook import (
