@@ -83,8 +83,6 @@ def single_rank(test_case: TestCase) -> None:
             pp_rank=0,
             moe_ep_size=1,
             moe_ep_rank=0,
-            attn_tp_size=1,
-            attn_cp_size=1,
         )
     )
 

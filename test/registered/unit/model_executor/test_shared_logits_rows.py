@@ -9,12 +9,13 @@ import unittest
 
 from sglang.srt.model_executor.cuda_graph_config import default_cuda_graph_config
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.runtime_context import get_context, get_parallel
 from sglang.srt.speculative.adaptive_spec_params import (
     resolve_candidate_steps_from_config,
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.cpu_schedule_batch import TinyEagleTestCase, single_rank
+from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 
@@ -22,18 +23,22 @@ CAPTURE_BS = [1, 2, 4, 8, 16, 32, 48]
 NUM_STEPS, NUM_DRAFT_TOKENS = 3, 4
 
 
-class TestSharedLogitsRows(TinyEagleTestCase):
+class TestSharedLogitsRows(CustomTestCase):
     def max_decode_logits_rows(self, **server_fields) -> int:
-        single_rank(self)
         cuda_graph_config = default_cuda_graph_config()
         cuda_graph_config.decode.bs = CAPTURE_BS
-        server_args = self.publish_eagle_args(
-            NUM_STEPS,
-            1,
-            NUM_DRAFT_TOKENS,
+        override = get_context().override_server_args(
+            device="cpu",
+            speculative_algorithm="EAGLE",
+            speculative_num_steps=NUM_STEPS,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=NUM_DRAFT_TOKENS,
             cuda_graph_config=cuda_graph_config,
             **server_fields,
         )
+        server_args = override.install()
+        self.addCleanup(override.restore)
+        self.enterContext(get_parallel().override(attn_tp_size=1, attn_cp_size=1))
         # The two ModelRunner methods read only these attributes.
         runner = types.SimpleNamespace(
             server_args=server_args,
