@@ -11,9 +11,16 @@ import sys
 from typing import Callable, Dict, List
 
 from sglang.test.spec_engine_utils import acceptance_label
+from sweep.configs import KNOWN_CONFIGS
 from sweep.records import finished, merge_record, pooled_records, swept_records
 from sweep.server import visible_gpu_query
 from sweep.tables import results_markdown
+from sweep.targets import (
+    TARGETS,
+    best_by_c,
+    output_tok_s_by_c,
+    static_references,
+)
 
 
 def model_name(args: argparse.Namespace) -> str:
@@ -53,6 +60,8 @@ def record_saver(out_dir: str, header: Dict[str, str]) -> Callable[[dict], None]
     return save
 
 
+# The ratio to max(no speculation, always on) that a load-aware config must keep.
+ENVELOPE_TARGET = TARGETS[0][1]
 # The per-point keys of summary.json (the machine-readable results), and
 # bench_serving_output_tok_s where --bench-serving ran.
 SUMMARY_POINT_KEYS = (
@@ -115,7 +124,28 @@ def summary_point(point: dict) -> dict:
     return summary
 
 
+def load_aware_records(records: List[dict]) -> List[dict]:
+    return [
+        r
+        for r in records
+        if (config := KNOWN_CONFIGS.get(r["config"])) is not None and config.load_aware
+    ]
+
+
+def envelopes(records: List[dict]) -> Dict[str, Dict[int, float]]:
+    """By always-on config of the load-aware records: the best of no speculation
+    and it at each C (where both were measured)."""
+    by_name = {r["config"]: r for r in records}
+    return {
+        KNOWN_CONFIGS[r["config"]].always_on: best_by_c(statics)
+        for r in load_aware_records(records)
+        if (statics := static_references(r, by_name))
+    }
+
+
 def plot(records: List[dict], path: str, title: str) -> None:
+    """Output tok/s against concurrency; with load-aware records, the envelope
+    max(no speculation, always on) and, below, each one's ratio to it."""
     try:
         import matplotlib
     except ImportError:
@@ -125,20 +155,53 @@ def plot(records: List[dict], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    by_always_on = envelopes(records)
+    fig, axes = plt.subplots(
+        2 if by_always_on else 1,
+        sharex=True,
+        squeeze=False,
+        figsize=(8, 7 if by_always_on else 5),
+        gridspec_kw={"height_ratios": [2, 1]} if by_always_on else None,
+    )
+    ax = axes[0][0]
+    colors = {}
     for record in records:
-        points = sorted(record["points"], key=lambda p: p["concurrency"])
+        by_c = sorted(output_tok_s_by_c(record).items())
+        (line,) = ax.plot(*zip(*by_c), marker="o", label=record["config"])
+        colors[record["config"]] = line.get_color()
+    for always_on, envelope in by_always_on.items():
         ax.plot(
-            [p["concurrency"] for p in points],
-            [p["output_tok_s"] for p in points],
-            marker="o",
-            label=record["config"],
+            *zip(*sorted(envelope.items())),
+            color="black",
+            alpha=0.2,
+            linewidth=8,
+            zorder=0,
+            label=f"max(nospec, {always_on})",
         )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
     ax.set_ylabel("output tok/s")
     ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    if by_always_on:
+        ratio_ax = axes[1][0]
+        for record in load_aware_records(records):
+            envelope = by_always_on.get(KNOWN_CONFIGS[record["config"]].always_on)
+            if envelope is None:
+                continue
+            mine = output_tok_s_by_c(record)
+            ratios = sorted((c, mine[c] / envelope[c]) for c in envelope if c in mine)
+            ratio_ax.plot(
+                *zip(*ratios),
+                marker="o",
+                color=colors[record["config"]],
+                label=record["config"],
+            )
+        ratio_ax.axhline(ENVELOPE_TARGET, color="black", linestyle="--", linewidth=1)
+        ratio_ax.set_ylabel("x envelope")
+        ratio_ax.legend(fontsize="small")
+    for ax in axes[:, 0]:
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].legend()
+    axes[-1][0].set_xlabel("concurrency")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -48,16 +48,29 @@ def output_tok_s_by_c(record: dict) -> Dict[int, float]:
     return {p["concurrency"]: p["output_tok_s"] for p in record["points"]}
 
 
+def best_by_c(references: List[dict]) -> Dict[int, float]:
+    """The best tok/s of references at each concurrency all of them measured."""
+    by_c = [output_tok_s_by_c(r) for r in references]
+    return {c: max(ref[c] for ref in by_c) for c in set.intersection(*map(set, by_c))}
+
+
 def worst_ratio(
     record: dict, references: List[dict], min_concurrency: int = 0
 ) -> Optional[Ratio]:
     """The lowest tok/s ratio to the best of references over the concurrencies
     every record measured."""
-    by_c = [output_tok_s_by_c(r) for r in references]
-    best = {c: max(ref[c] for ref in by_c) for c in set.intersection(*map(set, by_c))}
     return labelled(
-        lowest_ratio(output_tok_s_by_c(record), best, min_concurrency), "C="
+        lowest_ratio(output_tok_s_by_c(record), best_by_c(references), min_concurrency),
+        "C=",
     )
+
+
+def static_references(record: dict, by_name: Dict[str, dict]) -> List[dict]:
+    """A load-aware record's references, nospec and its always-on config, or []
+    while either is missing: its envelope is the best of the two at each C."""
+    always_on = KNOWN_CONFIGS[record["config"]].always_on
+    statics = [by_name.get("nospec"), by_name.get(always_on)]
+    return statics if all(statics) else []
 
 
 def plain_decode_by_batch(record: dict) -> Dict[int, float]:
@@ -83,17 +96,17 @@ def target_ratios(record: dict, by_name: Dict[str, dict]) -> List[Optional[Ratio
     """The load-aware record's ratio for each of TARGETS (None: a reference is missing)."""
     nospec = by_name.get("nospec")
     always_on = by_name.get(KNOWN_CONFIGS[record["config"]].always_on)
-    statics = [r for r in (nospec, always_on) if r is not None]
+    statics = static_references(record, by_name)
 
     def ramp(r: dict) -> float:
         return r["ramp"]["output_tok_s"]
 
     return [
-        worst_ratio(record, statics) if len(statics) == 2 else None,
+        worst_ratio(record, statics) if statics else None,
         worst_ratio(record, [nospec], disable_threshold_of(record)) if nospec else None,
         (
             (ramp(record) / max(ramp(r) for r in statics), None)
-            if len(statics) == 2 and all(map(finished, [record, *statics]))
+            if statics and all(map(finished, [record, *statics]))
             else None
         ),
         (

@@ -1341,6 +1341,26 @@ class TestBenchSweepResults(CustomTestCase):
         table = sweep.tables.targets_table([nospec, load_aware])
         self.assertIn("| loadaware-topk4 | - | 1.25 at C=8 met | - | - |", table)
 
+    def test_the_plot_shows_load_aware_configs_against_their_envelope(self):
+        nospec, tree, chain = (
+            self.record("nospec", 100.0),
+            self.record("eagle3-topk4", 90.0),
+            self.record("loadaware-topk4", 95.0),
+        )
+        tree["points"][1]["output_tok_s"] = 2000.0  # C=8: always-on is the best
+        # The chain's always-on config was not measured: it has no envelope.
+        orphan = self.record("loadaware-topk1", 95.0)
+        records = [nospec, tree, chain, orphan]
+        self.assertEqual(
+            sweep.results.envelopes(records), {"eagle3-topk4": {1: 100.0, 8: 2000.0}}
+        )
+        with tempfile.TemporaryDirectory() as out_dir:
+            path = os.path.join(out_dir, "throughput.png")
+            sweep.results.plot(records, path, "tiny")
+            envelope_panel = os.path.getsize(path)
+            sweep.results.plot([nospec, tree], path, "tiny")
+            self.assertGreater(envelope_panel, os.path.getsize(path))
+
     def test_suggested_threshold_is_where_no_speculation_stays_ahead(self):
         nospec, spec = self.record("nospec", 100.0), self.record("eagle3-topk1", 0.0)
         for p in nospec["points"] + spec["points"]:
