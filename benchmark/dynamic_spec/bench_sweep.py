@@ -27,7 +27,8 @@ Usage:
 fast as its always-on reference, from the records of the two configs run before it.)
 
 --bench-serving also runs upstream's own client (python -m sglang.benchmark.serving, the
-old sglang.bench_serving) at each point's C against the same server, offline.
+old sglang.bench_serving) at each point's C against the same server, offline;
+--bench-serving 16,128 only at those C (each run of it costs tens of seconds).
 
 The decode rate at a steady running batch, instead of the sweep and the ramp (into the
 same records):

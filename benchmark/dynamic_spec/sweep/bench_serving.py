@@ -12,6 +12,7 @@ import sys
 from typing import List
 
 from sweep.configs import Config
+from sweep.server import bench_serving_enabled
 from sweep.stats import median_with_spread
 from sweep.workloads import point_requests
 
@@ -20,6 +21,14 @@ from sweep.workloads import point_requests
 BENCH_SERVING_MODULE = "sglang.benchmark.serving"
 # Nothing to download: the tokenizer is a local path, random-ids needs no dataset.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def bench_serving_at(args: argparse.Namespace, concurrency: int) -> bool:
+    """Whether the point at `concurrency` also runs bench_serving: every point
+    when --bench-serving lists no C."""
+    return bench_serving_enabled(args) and (
+        not args.bench_serving or concurrency in args.bench_serving
+    )
 
 
 def bench_serving_command(

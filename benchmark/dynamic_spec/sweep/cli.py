@@ -188,8 +188,12 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--bench-serving",
-        action="store_true",
-        help="after each point, also run upstream's bench_serving at its C against "
+        nargs="?",
+        const=[],
+        type=lambda s: [int(x) for x in s.split(",")],
+        metavar="C,...",
+        help="after each point (only those at the C listed, if any), also run "
+        "upstream's bench_serving at its C against "
         f"the same server (python -m {BENCH_SERVING_MODULE}: random-ids prompts of "
         "--input-len token ids, --output-len tokens, as many prompts as one of the "
         "point's closed loops, --repeats times) and record its output tok/s beside "

@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Callable, List
 
-from sweep.bench_serving import run_bench_serving
+from sweep.bench_serving import bench_serving_at, run_bench_serving
 from sweep.client import PromptSource
 from sweep.configs import Config
 from sweep.server import decode_throughput, server_state, serving
@@ -62,7 +62,7 @@ def run_config(
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
         for concurrency in tqdm(args.concurrency, desc=config.name):
             point = measure_point(args, config, prompts, concurrency)
-            if getattr(args, "bench_serving", False):
+            if bench_serving_at(args, concurrency):
                 point["bench_serving"] = run_bench_serving(
                     args, config, target, concurrency, log_dir
                 )

@@ -62,6 +62,12 @@ def backend_env(args: argparse.Namespace) -> Dict[str, str]:
     }
 
 
+def bench_serving_enabled(args: argparse.Namespace) -> bool:
+    """--bench-serving was given: the servers keep their tokenizer, since its
+    client counts and times only streamed text."""
+    return getattr(args, "bench_serving", None) is not None
+
+
 def config_server_args(
     args: argparse.Namespace, config: Config, draft: str
 ) -> List[str]:
@@ -74,8 +80,7 @@ def config_server_args(
             cuda_graph_max_bs=max_bs,
             max_running_requests=max_bs,
             mem_fraction_static=args.mem_fraction_static,
-            # bench_serving's sglang client counts and times only streamed text.
-            skip_tokenizer_init=not getattr(args, "bench_serving", False),
+            skip_tokenizer_init=not bench_serving_enabled(args),
             enable_metrics=True,
         )
     )

@@ -1187,6 +1187,22 @@ class TestBenchSweepResults(CustomTestCase):
             set(sweep.results.summary_point(record["points"][0])), SUMMARY_POINT_KEYS
         )
 
+    def test_bench_serving_runs_at_every_point_or_at_the_c_listed(self):
+        def parse(*flags: str) -> argparse.Namespace:
+            with mock.patch.object(sys, "argv", ["bench_sweep.py", *flags]):
+                return sweep.cli.parse_args(None)
+
+        at = sweep.bench_serving.bench_serving_at
+        every = parse("--bench-serving")
+        self.assertTrue(at(every, 1) and at(every, 128))
+        listed = parse("--bench-serving", "16,128")
+        self.assertEqual([c for c in (1, 16, 64, 128) if at(listed, c)], [16, 128])
+        off = parse()
+        self.assertFalse(at(off, 16))
+        self.assertFalse(sweep.server.bench_serving_enabled(off))
+        for args in (every, listed):
+            self.assertTrue(sweep.server.bench_serving_enabled(args))
+
     def test_a_point_runs_bench_serving_when_asked(self):
         calls = []
 
@@ -1204,7 +1220,7 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[1, 8],
             ramp=[1],
             input_len=4,
-            bench_serving=True,
+            bench_serving=[8],
             content_shift=None,
         )
         saved = []
@@ -1219,12 +1235,12 @@ class TestBenchSweepResults(CustomTestCase):
         ):
             config = sweep.configs.KNOWN_CONFIGS["nospec"]
             sweep.runs.run_config(args, config, "/t", "/d", log_dir, saved.append)
-        self.assertEqual(calls, [("nospec", "/t", 1), ("nospec", "/t", 8)])
+        self.assertEqual(calls, [("nospec", "/t", 8)])
         self.assertEqual(
             saved[-1]["points"],
             [
-                {"concurrency": c, "bench_serving": {"output_tok_s": 1.0}}
-                for c in (1, 8)
+                {"concurrency": 1},
+                {"concurrency": 8, "bench_serving": {"output_tok_s": 1.0}},
             ],
         )
 
