@@ -18,6 +18,7 @@ from sweep.tables import results_markdown
 from sweep.targets import (
     TARGETS,
     best_by_c,
+    load_aware_records,
     output_tok_s_by_c,
     static_references,
 )
@@ -122,14 +123,6 @@ def summary_point(point: dict) -> dict:
     if "bench_serving" in point:
         summary["bench_serving_output_tok_s"] = point["bench_serving"]["output_tok_s"]
     return summary
-
-
-def load_aware_records(records: List[dict]) -> List[dict]:
-    return [
-        r
-        for r in records
-        if (config := KNOWN_CONFIGS.get(r["config"])) is not None and config.load_aware
-    ]
 
 
 def envelopes(records: List[dict]) -> Dict[str, Dict[int, float]]:

@@ -6,8 +6,12 @@ import collections
 from typing import Dict, List, Sequence
 
 from sweep.records import finished, steady_decode, swept_records
-from sweep.configs import KNOWN_CONFIGS
-from sweep.targets import TARGETS, suggested_thresholds, target_ratios
+from sweep.targets import (
+    TARGETS,
+    load_aware_records,
+    suggested_thresholds,
+    target_ratios,
+)
 
 
 def results_markdown(records: List[dict], title: str) -> str:
@@ -79,10 +83,7 @@ def table_head(columns: Sequence[str]) -> List[str]:
 def targets_table(records: List[dict]) -> str:
     by_name = {r["config"]: r for r in records}
     lines = table_head(["config", *(f"{what} >= {low}" for what, low in TARGETS)])
-    for record in records:
-        config = KNOWN_CONFIGS.get(record["config"])
-        if config is None or not config.load_aware:
-            continue  # not load-aware, or no longer known
+    for record in load_aware_records(records):
         cells = []
         for (_, low), ratio in zip(TARGETS, target_ratios(record, by_name)):
             if ratio is None:

@@ -65,6 +65,15 @@ def worst_ratio(
     )
 
 
+def load_aware_records(records: List[dict]) -> List[dict]:
+    """The records of load-aware configs (configs no longer known are left out)."""
+    return [
+        r
+        for r in records
+        if (config := KNOWN_CONFIGS.get(r["config"])) is not None and config.load_aware
+    ]
+
+
 def static_references(record: dict, by_name: Dict[str, dict]) -> List[dict]:
     """A load-aware record's references, nospec and its always-on config, or []
     while either is missing: its envelope is the best of the two at each C."""
