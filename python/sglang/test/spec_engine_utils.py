@@ -25,11 +25,13 @@ SYNTHETIC_MODELS_DIR_ENV = "SGLANG_SYNTHETIC_MODELS_DIR"
 # The checkout this module lies in (python/sglang/test/ -> the repository root).
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
-# Small engines: tests run several of them one after another on one GPU.
+# Small engines: tests run several of them one after another, or side by side, on
+# one GPU.
 TEST_ENGINE_DEFAULTS: Dict[str, object] = dict(
     skip_tokenizer_init=True,
     grammar_backend="none",
     mem_fraction_static=0.5,
+    max_total_tokens=65536,
     cuda_graph_max_bs_decode=32,
     random_seed=0,
     log_level="warning",
@@ -227,6 +229,7 @@ def running_server(
 ) -> Iterator[Tuple[str, "subprocess.Popen"]]:
     """``python -m sglang.launch_server``, healthy on entry, killed on exit.
 
+    On a free port unless ``base_url`` is given, so that tests can run side by side.
     Launched through the interpreter rather than the ``sglang`` console script so that
     it also runs from a source tree on PYTHONPATH. ``log_path``: write the server's
     output there instead of to this process's stdout and stderr.
@@ -238,9 +241,12 @@ def running_server(
         DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH,
         DEFAULT_URL_FOR_TEST,
         _wait_for_server_health,
+        find_available_port,
     )
 
-    base_url = base_url or DEFAULT_URL_FOR_TEST
+    if base_url is None:
+        port = find_available_port(urlparse(DEFAULT_URL_FOR_TEST).port)
+        base_url = f"http://127.0.0.1:{port}"
     url = urlparse(base_url)
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
     command += ["--host", url.hostname, "--port", str(url.port), *other_args]

@@ -67,6 +67,7 @@ class TestEaglePrefillPiecewiseGraph(CustomTestCase):
                 attention_backend="triton",
                 cuda_graph_max_bs=8,
                 mem_fraction_static=0.5,
+                max_total_tokens=65536,
                 grammar_backend="none",
                 random_seed=0,
                 disable_piecewise_cuda_graph=not piecewise,

@@ -43,18 +43,12 @@ from sglang.test.synthetic_spec_models import (
     greedy_continuation,
     next_token_map,
 )
-from sglang.test.test_utils import (
-    DEFAULT_PORT_FOR_SRT_TEST_RUNNER,
-    CustomTestCase,
-    find_available_port,
-)
+from sglang.test.test_utils import CustomTestCase
 
 register_cuda_ci(est_time=1500, suite="base-b-test-1-gpu-large")
 pytestmark = pytest.mark.gpu
 
 PROMPT_LEN = 16
-# Each class's server takes a free port from here: classes can run side by side.
-DEFAULT_PORT = DEFAULT_PORT_FOR_SRT_TEST_RUNNER + 1000
 # Plain steps a request may still see after the batch shrank (the policy's default dwell).
 MIN_DWELL_STEPS = 8
 
@@ -127,7 +121,6 @@ class LoadAwareServerBase(CustomTestCase):
             cls.target,
             cls.server_args(),
             env={**LEAK_CHECK_ENV, **cls.extra_env},
-            base_url=f"http://127.0.0.1:{find_available_port(DEFAULT_PORT)}",
             log_path=cls.server_log,
         )
         cls.base_url, cls.process = cls._server.__enter__()
