@@ -108,8 +108,11 @@ def step_records(records: Sequence[dict]) -> List[dict]:
 def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
     """From the trace's decisions: the wall seconds from each decode step's decision
     to the next one's (prefills in between included), median by mode for the
-    first step after a switch and for the others, and the share of the wall time
-    that the steps right after a switch took beyond their mode's usual step."""
+    first step after a switch and for the others; the share of the wall time that
+    the steps right after a switch took beyond their mode's usual step; and the
+    gaps between two steps of one mode longer than twice its usual step (a
+    prefill ran between them, or the server idled): how many, their median excess
+    and its share."""
     decisions = [r for r in records if "decision" in r]
     steps: Dict[Tuple[str, bool], List[float]] = {}
     previous = None
@@ -126,6 +129,13 @@ def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
         for (mode, switched), after in steps.items()
         if switched
     )
+    gap_excess = [
+        gap - statistics.median(gaps)
+        for (mode, switched), gaps in steps.items()
+        if not switched
+        for gap in gaps
+        if gap > 2 * statistics.median(gaps)
+    ]
     return {
         "decode_steps": len(decisions) - 1,
         "switches": sum(len(v) for (_, switched), v in steps.items() if switched),
@@ -135,6 +145,11 @@ def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
             for (mode, switched), v in sorted(steps.items())
         },
         "switch_excess_share": excess / wall if wall > 0 else 0.0,
+        "long_gaps": len(gap_excess),
+        "long_gap_excess_median_ms": (
+            1e3 * statistics.median(gap_excess) if gap_excess else 0.0
+        ),
+        "long_gap_excess_share": sum(gap_excess) / wall if wall > 0 else 0.0,
     }
 
 

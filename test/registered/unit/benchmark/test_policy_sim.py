@@ -92,7 +92,19 @@ class TestEnvironment(CustomTestCase):
         self.assertAlmostEqual(median["spec after a switch"], 22.0)
         self.assertAlmostEqual(median["plain after a switch"], 15.0)
         self.assertAlmostEqual(wall["switch_excess_share"], 0.03 / wall["wall_seconds"])
+        self.assertEqual(wall["long_gaps"], 0)
         self.assertEqual(sim.step_wall_times(trace[:1]), {})
+
+    def test_gaps_with_a_prefill_between_two_steps(self):
+        # Plain steps of 5 ms; a prefill of 20 ms after every fifth step.
+        t, trace = 0.0, []
+        for i in range(21):
+            trace.append(decision(0, t))
+            t += 0.005 + (0.020 if i % 5 == 4 else 0.0)
+        wall = sim.step_wall_times(trace)
+        self.assertEqual((wall["long_gaps"], wall["switches"]), (4, 0))
+        self.assertAlmostEqual(wall["long_gap_excess_median_ms"], 20.0)
+        self.assertAlmostEqual(wall["long_gap_excess_share"], 0.08 / (0.1 + 0.08))
 
     def test_a_trace_missing_a_bucket_is_refused(self):
         trace = [
