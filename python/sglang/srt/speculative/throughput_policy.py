@@ -19,7 +19,9 @@ a dwell so that a batch at the crossover does not flip every step.
   few steps (calibration); after ``probe_interval`` steps in one mode the other runs
   for ``explore_steps`` (a probe), so that neither its time nor, while plain, the
   acceptance goes stale. Probes cost ``explore_steps / probe_interval`` of the steps
-  (1.6% by default), each at the other mode's throughput.
+  (1.6% by default), each at the other mode's throughput. While plain at a batch where
+  speculation would not pay even at the best acceptance seen so far, the interval
+  doubles at each probe, up to ``max_probe_interval`` (0.2% by default).
 * ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
   launches of the running batch (``DecodeStepTimer``) and folds what the steps
   observed into the policy, summed over TP ranks (``PendingObservations``), so that
@@ -219,7 +221,10 @@ class ThroughputPolicy:
     arrived; after ``probe_interval`` steps in one mode, the best other mode runs for
     ``explore_steps`` (``probe``), which keeps its time and, while plain, the
     acceptance current. Probes cost ``explore_steps / probe_interval`` of the steps,
-    run at the other mode's throughput.
+    run at the other mode's throughput. While plain where no speculative mode would
+    pay even at the best acceptance seen so far (only traffic easier than any before
+    could change the decision), each probe doubles the interval to the next, up to
+    ``max_probe_interval``; any other probe, or a change of mode, resets it.
     """
 
     def __init__(
@@ -230,6 +235,7 @@ class ThroughputPolicy:
         min_dwell_steps: int = 8,
         probe_interval: int = 256,
         explore_steps: int = 4,
+        max_probe_interval: int = 2048,
     ):
         if PLAIN not in costs.modes:
             raise ValueError("the step costs need the plain step (mode 0)")
@@ -240,12 +246,15 @@ class ThroughputPolicy:
             raise ValueError(
                 "margin and dwell must be >= 0, probe_interval and explore_steps >= 1"
             )
+        if max_probe_interval < probe_interval:
+            raise ValueError("max_probe_interval must be >= probe_interval")
         self.costs = costs
         self.acceptance = acceptance
         self.margin = margin
         self.min_dwell_steps = min_dwell_steps
         self.probe_interval = probe_interval
         self.explore_steps = explore_steps
+        self.max_probe_interval = max_probe_interval
         self.modes = [PLAIN] + [s for s in acceptance.step_counts if s != PLAIN]
 
         # The mode the policy is in (exploration does not change it), how many steps
@@ -253,6 +262,9 @@ class ThroughputPolicy:
         self._mode = max(self.modes)  # start speculating, as the threshold policy does
         self._steps_in_mode = 0
         self._steps_since_explore = 0
+        self._probe_interval_now = probe_interval
+        # The highest acceptance estimate each step count has had.
+        self._best_accept_length: Dict[int, float] = {}
         self._exploring: Optional[Tuple[int, str]] = None  # (mode, reason)
         self._explore_left = 0
         # The decode step of the last calibration of each (mode, bucket).
@@ -331,12 +343,37 @@ class ThroughputPolicy:
                 self._calibrated_at[(other, bucket)] = self._num_decisions
                 self.num_calibrations += 1
                 return self._start_exploring(other, REASON_CALIBRATE)
-        if self._steps_since_explore + 1 < self.probe_interval:
+        if self._steps_since_explore + 1 < self._probe_interval_now:
             return None
         others = [m for m in self.modes if m != mode]
         other = max(others, key=lambda m: (rates[m] or 0.0, m))
         self.num_probes += 1
+        if mode == PLAIN and not self._speculation_could_pay(batch_size, rates[PLAIN]):
+            self._probe_interval_now = min(
+                2 * self._probe_interval_now, self.max_probe_interval
+            )
+        else:
+            self._probe_interval_now = self.probe_interval
         return self._start_exploring(other, REASON_PROBE)
+
+    def _speculation_could_pay(
+        self, batch_size: int, plain_rate: Optional[float]
+    ) -> bool:
+        """Whether a speculative mode would beat the plain step by the margin at this
+        batch size with the best acceptance it has had (or any, while untimed)."""
+        if plain_rate is None:
+            return True
+        for num_steps in self.modes[1:]:
+            seconds = self.costs.estimate(num_steps, batch_size)
+            best = max(
+                self.acceptance.expected(num_steps),
+                self._best_accept_length.get(num_steps, 1.0),
+            )
+            if seconds is None or batch_size * best / seconds > plain_rate * (
+                1 + self.margin
+            ):
+                return True
+        return False
 
     def _start_exploring(self, mode: int, reason: str) -> Tuple[int, str]:
         self._exploring = (mode, reason)
@@ -346,6 +383,7 @@ class ThroughputPolicy:
     def _advance(self, mode: int, chosen: int, toggled: bool) -> None:
         if mode != self._mode:
             self._mode, self._steps_in_mode = mode, 0
+            self._probe_interval_now = self.probe_interval
         self._steps_in_mode += 1
         self._num_decisions += 1
         explored = chosen != mode
@@ -364,6 +402,10 @@ class ThroughputPolicy:
         refresh the acceptance), and its time if measured (decode steps only)."""
         if num_steps != PLAIN and num_tokens is not None:
             self.acceptance.observe(num_steps, num_tokens, batch_size)
+            self._best_accept_length[num_steps] = max(
+                self._best_accept_length.get(num_steps, 1.0),
+                self.acceptance.expected(num_steps),
+            )
         if seconds is not None:
             self.costs.observe(num_steps, batch_size, seconds)
 
@@ -379,7 +421,7 @@ class ThroughputPolicy:
             "num_calibrations": self.num_calibrations,
             "margin": self.margin,
             "min_dwell_steps": self.min_dwell_steps,
-            "probe_interval": self.probe_interval,
+            "probe_interval": self._probe_interval_now,
             "explore_steps": self.explore_steps,
         }
 

@@ -179,7 +179,9 @@ class TestThroughputPolicy(CustomTestCase):
         self.assertEqual(p.decide(64).num_steps, PLAIN)
 
     def test_probes_bound_the_other_modes_share(self):
-        p = policy(min_dwell_steps=0, probe_interval=16, explore_steps=2)
+        p = policy(
+            min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_interval=16
+        )
         modes = [p.decide(256) for _ in range(18 * 10)]
         probes = [d for d in modes if d.reason == REASON_PROBE]
         self.assertTrue(all(d.num_steps == 3 for d in probes))
@@ -194,6 +196,47 @@ class TestThroughputPolicy(CustomTestCase):
             d for d in (p.decide(1) for _ in range(180)) if d.reason == REASON_PROBE
         ]
         self.assertEqual({d.num_steps for d in probes}, {PLAIN})
+
+    def test_probes_back_off_where_speculation_cannot_pay(self):
+        # At 256 speculating gives 256 * 2.952 / 0.125 = 6046 tok/s against the plain
+        # step's 7314: even the best acceptance seen (the same) would not pay.
+        p = policy(
+            min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_interval=64
+        )
+        reasons = [p.decide(256).reason for _ in range(400)]
+        probe_starts = [
+            i
+            for i, r in enumerate(reasons)
+            if r == REASON_PROBE and reasons[i - 1] != REASON_PROBE
+        ]
+        gaps = [b - a for a, b in zip(probe_starts, probe_starts[1:])]
+        # From one probe's start to the next: its 2 steps and the interval (the
+        # probe's first step counts in it), doubled at each probe up to 64.
+        self.assertEqual(gaps[:4], [2 + 31, 2 + 63, 2 + 63, 2 + 63])
+        self.assertEqual(p.get_state()["probe_interval"], 64)
+        # Once a 4.0 acceptance has been seen (256 * 4 / 0.125 = 8192 tok/s would
+        # pay), probing returns to the base interval.
+        p.observe(3, 256, num_tokens=256 * 4)
+        for _ in range(60):  # and the traffic turned hard again
+            p.observe(3, 256, num_tokens=int(256 * 2.5))
+        self.assertEqual(p.decide(256).num_steps, PLAIN)
+        reasons = [p.decide(256).reason for _ in range(200)]
+        later = [
+            i
+            for i, r in enumerate(reasons)
+            if r == REASON_PROBE and reasons[i - 1] != REASON_PROBE
+        ]
+        self.assertEqual({b - a for a, b in zip(later, later[1:])}, {2 + 15})
+
+    def test_a_change_of_mode_resets_the_probe_interval(self):
+        p = policy(
+            min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_interval=64
+        )
+        for _ in range(200):
+            p.decide(256)
+        self.assertEqual(p.get_state()["probe_interval"], 64)
+        self.assertEqual(p.decide(1).num_steps, 3)
+        self.assertEqual(p.get_state()["probe_interval"], 16)
 
     def test_calibrates_an_unmeasured_mode_before_comparing(self):
         costs = StepCosts.unmeasured([PLAIN, 3], SIZES)
@@ -251,6 +294,8 @@ class TestThroughputPolicy(CustomTestCase):
             ThroughputPolicy(costs(), AcceptanceEstimate([7], {7: 2.0}))
         with self.assertRaises(ValueError):
             policy(probe_interval=0)
+        with self.assertRaises(ValueError):
+            policy(probe_interval=256, max_probe_interval=128)
         with self.assertRaises(ValueError):
             policy().decide(0)
 
