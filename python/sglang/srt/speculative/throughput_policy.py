@@ -360,7 +360,8 @@ class ThroughputPolicy:
         self, batch_size: int, plain_rate: Optional[float]
     ) -> bool:
         """Whether a speculative mode would beat the plain step by the margin at this
-        batch size with the best acceptance it has had (or any, while untimed)."""
+        batch size with the best acceptance it has had (True while a step is untimed
+        here)."""
         if plain_rate is None:
             return True
         for num_steps in self.modes[1:]:

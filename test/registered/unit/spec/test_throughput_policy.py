@@ -56,6 +56,16 @@ def policy(accept_length: float = 2.952, **kwargs) -> ThroughputPolicy:
     )
 
 
+def probe_gaps(reasons: List[str]) -> List[int]:
+    """The steps from each probe's first step to the next one's."""
+    starts = [
+        i
+        for i, reason in enumerate(reasons)
+        if reason == REASON_PROBE and (i == 0 or reasons[i - 1] != REASON_PROBE)
+    ]
+    return [b - a for a, b in zip(starts, starts[1:])]
+
+
 def crossover(accept_length: float) -> int:
     """The smallest captured batch size at which the plain step is faster."""
     return next(
@@ -203,15 +213,9 @@ class TestThroughputPolicy(CustomTestCase):
         p = policy(
             min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_interval=64
         )
-        reasons = [p.decide(256).reason for _ in range(400)]
-        probe_starts = [
-            i
-            for i, r in enumerate(reasons)
-            if r == REASON_PROBE and reasons[i - 1] != REASON_PROBE
-        ]
-        gaps = [b - a for a, b in zip(probe_starts, probe_starts[1:])]
-        # From one probe's start to the next: its 2 steps and the interval (the
-        # probe's first step counts in it), doubled at each probe up to 64.
+        gaps = probe_gaps([p.decide(256).reason for _ in range(400)])
+        # From one probe's start to the next: its 2 steps, then the interval less one
+        # step of the mode; the interval doubles at each probe, up to 64.
         self.assertEqual(gaps[:4], [2 + 31, 2 + 63, 2 + 63, 2 + 63])
         self.assertEqual(p.get_state()["probe_interval"], 64)
         # Once a 4.0 acceptance has been seen (256 * 4 / 0.125 = 8192 tok/s would
@@ -220,13 +224,8 @@ class TestThroughputPolicy(CustomTestCase):
         for _ in range(60):  # and the traffic turned hard again
             p.observe(3, 256, num_tokens=int(256 * 2.5))
         self.assertEqual(p.decide(256).num_steps, PLAIN)
-        reasons = [p.decide(256).reason for _ in range(200)]
-        later = [
-            i
-            for i, r in enumerate(reasons)
-            if r == REASON_PROBE and reasons[i - 1] != REASON_PROBE
-        ]
-        self.assertEqual({b - a for a, b in zip(later, later[1:])}, {2 + 15})
+        gaps = probe_gaps([p.decide(256).reason for _ in range(200)])
+        self.assertEqual(set(gaps), {2 + 15})
 
     def test_a_change_of_mode_resets_the_probe_interval(self):
         p = policy(
