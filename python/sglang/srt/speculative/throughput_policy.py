@@ -21,7 +21,7 @@ a dwell so that a batch at the crossover does not flip every step.
   acceptance goes stale. Probes cost ``explore_steps / probe_interval`` of the steps
   (1.6% by default), each at the other mode's throughput. While plain at a batch where
   speculation would not pay even at the best acceptance seen so far, the interval
-  doubles at each probe, up to ``max_probe_interval`` (0.2% by default).
+  doubles at each probe, up to ``max_probe_backoff`` times itself (0.8% by default).
 * ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
   launches of the running batch (``DecodeStepTimer``) and folds what the steps
   observed into the policy, summed over TP ranks (``PendingObservations``), so that
@@ -224,7 +224,8 @@ class ThroughputPolicy:
     run at the other mode's throughput. While plain where no speculative mode would
     pay even at the best acceptance seen so far (only traffic easier than any before
     could change the decision), each probe doubles the interval to the next, up to
-    ``max_probe_interval``; any other probe, or a change of mode, resets it.
+    ``max_probe_backoff`` times ``probe_interval``; any other probe, a change of mode
+    or a new best acceptance resets it.
     """
 
     def __init__(
@@ -235,7 +236,7 @@ class ThroughputPolicy:
         min_dwell_steps: int = 8,
         probe_interval: int = 256,
         explore_steps: int = 4,
-        max_probe_interval: int = 2048,
+        max_probe_backoff: int = 2,
     ):
         if PLAIN not in costs.modes:
             raise ValueError("the step costs need the plain step (mode 0)")
@@ -246,15 +247,15 @@ class ThroughputPolicy:
             raise ValueError(
                 "margin and dwell must be >= 0, probe_interval and explore_steps >= 1"
             )
-        if max_probe_interval < probe_interval:
-            raise ValueError("max_probe_interval must be >= probe_interval")
+        if max_probe_backoff < 1:
+            raise ValueError("max_probe_backoff must be >= 1")
         self.costs = costs
         self.acceptance = acceptance
         self.margin = margin
         self.min_dwell_steps = min_dwell_steps
         self.probe_interval = probe_interval
         self.explore_steps = explore_steps
-        self.max_probe_interval = max_probe_interval
+        self.max_probe_interval = probe_interval * max_probe_backoff
         self.modes = [PLAIN] + [s for s in acceptance.step_counts if s != PLAIN]
 
         # The mode the policy is in (exploration does not change it), how many steps
@@ -403,10 +404,11 @@ class ThroughputPolicy:
         refresh the acceptance), and its time if measured (decode steps only)."""
         if num_steps != PLAIN and num_tokens is not None:
             self.acceptance.observe(num_steps, num_tokens, batch_size)
-            self._best_accept_length[num_steps] = max(
-                self._best_accept_length.get(num_steps, 1.0),
-                self.acceptance.expected(num_steps),
-            )
+            accept_length = self.acceptance.expected(num_steps)
+            if accept_length > self._best_accept_length.get(num_steps, 1.0):
+                # Traffic easier than any before: probe at the base interval again.
+                self._best_accept_length[num_steps] = accept_length
+                self._probe_interval_now = self.probe_interval
         if seconds is not None:
             self.costs.observe(num_steps, batch_size, seconds)
 

@@ -190,7 +190,7 @@ class TestThroughputPolicy(CustomTestCase):
 
     def test_probes_bound_the_other_modes_share(self):
         p = policy(
-            min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_interval=16
+            min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_backoff=1
         )
         modes = [p.decide(256) for _ in range(18 * 10)]
         probes = [d for d in modes if d.reason == REASON_PROBE]
@@ -211,7 +211,7 @@ class TestThroughputPolicy(CustomTestCase):
         # At 256 speculating gives 256 * 2.952 / 0.125 = 6046 tok/s against the plain
         # step's 7314: even the best acceptance seen (the same) would not pay.
         p = policy(
-            min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_interval=64
+            min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_backoff=4
         )
         gaps = probe_gaps([p.decide(256).reason for _ in range(400)])
         # From one probe's start to the next: its 2 steps, then the interval less one
@@ -223,19 +223,28 @@ class TestThroughputPolicy(CustomTestCase):
         p.observe(3, 256, num_tokens=256 * 4)
         for _ in range(60):  # and the traffic turned hard again
             p.observe(3, 256, num_tokens=int(256 * 2.5))
-        self.assertEqual(p.decide(256).num_steps, PLAIN)
         gaps = probe_gaps([p.decide(256).reason for _ in range(200)])
+        self.assertEqual(p.get_state()["mode_num_steps"], PLAIN)
         self.assertEqual(set(gaps), {2 + 15})
 
-    def test_a_change_of_mode_resets_the_probe_interval(self):
+    def test_a_change_of_mode_or_a_new_best_acceptance_resets_the_interval(self):
         p = policy(
-            min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_interval=64
+            min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_backoff=4
         )
         for _ in range(200):
             p.decide(256)
         self.assertEqual(p.get_state()["probe_interval"], 64)
         self.assertEqual(p.decide(1).num_steps, 3)
         self.assertEqual(p.get_state()["probe_interval"], 16)
+        for _ in range(200):
+            p.decide(256)
+        self.assertEqual(p.get_state()["probe_interval"], 64)
+        # a probe saw more than ever (3.0 > 2.952), though not enough to pay at 256
+        p.observe(3, 256, num_tokens=256 * 3)
+        self.assertEqual(p.get_state()["probe_interval"], 16)
+        reasons = [p.decide(256).reason for _ in range(16)]
+        self.assertIn(REASON_PROBE, reasons)
+        self.assertEqual(p.get_state()["mode_num_steps"], PLAIN)
 
     def test_calibrates_an_unmeasured_mode_before_comparing(self):
         costs = StepCosts.unmeasured([PLAIN, 3], SIZES)
@@ -294,7 +303,7 @@ class TestThroughputPolicy(CustomTestCase):
         with self.assertRaises(ValueError):
             policy(probe_interval=0)
         with self.assertRaises(ValueError):
-            policy(probe_interval=256, max_probe_interval=128)
+            policy(max_probe_backoff=0)
         with self.assertRaises(ValueError):
             policy().decide(0)
 
