@@ -124,25 +124,27 @@ def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
     if not steps:
         return {}
     wall = decisions[-1]["t"] - decisions[0]["t"]
+    median = {key: statistics.median(gaps) for key, gaps in steps.items()}
     excess = sum(
-        sum(after) - len(after) * statistics.median(steps.get((mode, False), after))
+        sum(after) - len(after) * median.get((mode, False), median[(mode, True)])
         for (mode, switched), after in steps.items()
         if switched
     )
     gap_excess = [
-        gap - statistics.median(gaps)
+        gap - median[(mode, False)]
         for (mode, switched), gaps in steps.items()
         if not switched
         for gap in gaps
-        if gap > 2 * statistics.median(gaps)
+        if gap > 2 * median[(mode, False)]
     ]
     return {
         "decode_steps": len(decisions) - 1,
         "switches": sum(len(v) for (_, switched), v in steps.items() if switched),
         "wall_seconds": wall,
         "median_ms": {
-            f"{mode}{' after a switch' if switched else ''}": 1e3 * statistics.median(v)
-            for (mode, switched), v in sorted(steps.items())
+            f"{mode}{' after a switch' if switched else ''}": 1e3
+            * median[(mode, switched)]
+            for (mode, switched) in sorted(steps)
         },
         "switch_excess_share": excess / wall if wall > 0 else 0.0,
         "long_gaps": len(gap_excess),
