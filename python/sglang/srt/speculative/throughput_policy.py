@@ -176,6 +176,8 @@ class AcceptanceEstimate:
         self.ema_alpha = ema_alpha
         self._prior = dict(prior_accept_length)
         self._observed: Dict[int, float] = {}
+        # The highest estimate each observed step count has had.
+        self._best: Dict[int, float] = {}
 
     def observe(self, num_steps: int, num_tokens: int, num_requests: int) -> None:
         """Speculative steps of one step count: ``num_tokens`` committed by
@@ -184,9 +186,9 @@ class AcceptanceEstimate:
             return
         sample = num_tokens / num_requests
         old = self._observed.get(num_steps)
-        self._observed[num_steps] = (
-            sample if old is None else old + self.ema_alpha * (sample - old)
-        )
+        new = sample if old is None else old + self.ema_alpha * (sample - old)
+        self._observed[num_steps] = new
+        self._best[num_steps] = max(self._best.get(num_steps, new), new)
 
     def expected(self, num_steps: int) -> float:
         """E[accept length | num_steps]; unobserved step counts from the chain fit to
@@ -199,6 +201,11 @@ class AcceptanceEstimate:
         nearest = min(known, key=lambda s: (abs(s - num_steps), s))
         p = fit_chain_acceptance(known[nearest], nearest)
         return chain_accept_length(p, num_steps)
+
+    def best(self, num_steps: int) -> float:
+        """The highest E[accept length | num_steps] so far (the current estimate for
+        step counts not observed yet)."""
+        return max(self.expected(num_steps), self._best.get(num_steps, 1.0))
 
     def state(self) -> Dict[str, float]:
         return {str(s): round(self.expected(s), 4) for s in self.step_counts}
@@ -264,8 +271,6 @@ class ThroughputPolicy:
         self._steps_in_mode = 0
         self._steps_since_explore = 0
         self._probe_interval_now = probe_interval
-        # The highest acceptance estimate each step count has had.
-        self._best_accept_length: Dict[int, float] = {}
         self._exploring: Optional[Tuple[int, str]] = None  # (mode, reason)
         self._explore_left = 0
         # The decode step of the last calibration of each (mode, bucket).
@@ -367,10 +372,7 @@ class ThroughputPolicy:
             return True
         for num_steps in self.modes[1:]:
             seconds = self.costs.estimate(num_steps, batch_size)
-            best = max(
-                self.acceptance.expected(num_steps),
-                self._best_accept_length.get(num_steps, 1.0),
-            )
+            best = self.acceptance.best(num_steps)
             if seconds is None or batch_size * best / seconds > plain_rate * (
                 1 + self.margin
             ):
@@ -403,11 +405,10 @@ class ThroughputPolicy:
         """What a decode step of this mode did: tokens committed (speculative steps
         refresh the acceptance), and its time if measured (decode steps only)."""
         if num_steps != PLAIN and num_tokens is not None:
+            best_before = self.acceptance.best(num_steps)
             self.acceptance.observe(num_steps, num_tokens, batch_size)
-            accept_length = self.acceptance.expected(num_steps)
-            if accept_length > self._best_accept_length.get(num_steps, 1.0):
+            if self.acceptance.best(num_steps) > best_before:
                 # Traffic easier than any before: probe at the base interval again.
-                self._best_accept_length[num_steps] = accept_length
                 self._probe_interval_now = self.probe_interval
         if seconds is not None:
             self.costs.observe(num_steps, batch_size, seconds)
