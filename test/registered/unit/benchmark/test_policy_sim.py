@@ -25,12 +25,15 @@ COSTS = {
 sim = load_benchmark_script("policy_sim")
 # The trace of an auto server on one H200 (llama8b preset, 16 clients on prompts its
 # draft accepts at 0.95 per token, then at 0.3): its NOTES.md beside it.
-REAL_TRACE = os.path.join(
+RESULTS = os.path.join(
     os.path.dirname(os.path.abspath(__file__)),
     *[".."] * 4,
-    "benchmark/dynamic_spec/results/2026-12-02-llama8b-p0.95-0.3/traces",
-    "auto-topk1-steps.jsonl.gz",
+    "benchmark/dynamic_spec/results/2026-12-02-llama8b-p0.95-0.3",
 )
+REAL_TRACE = os.path.join(RESULTS, "traces", "auto-topk1-steps.jsonl.gz")
+# The same server and pair under steady load at C=16, then on the content-shift workload
+# (easy prompts, then hard ones), twice.
+CONTENT_SHIFT_TRACE = os.path.join(RESULTS, "steady", "auto-topk1-steps.jsonl.gz")
 
 
 def decision(num_steps: int, t: float) -> dict:
@@ -178,11 +181,14 @@ class TestSimulate(CustomTestCase):
         best_fixed = max(v for p, v in results.items() if p != "auto")
         self.assertGreater(results["auto"], 1.05 * best_fixed)
 
-    def test_auto_on_the_trace_of_a_real_run(self):
-        records = sim.load_trace(REAL_TRACE)
+    def replay(self, path: str) -> dict:
+        records = sim.load_trace(path)
         env = sim.environment_from_trace(records, sim.trace_buckets(records))
         phases = sim.phases_of_trace(records)
-        results = {p: run(p, env, phases) for p in ("nospec", "always", "auto")}
+        return {p: run(p, env, phases) for p in ("nospec", "always", "auto")}
+
+    def test_auto_on_the_trace_of_a_real_run(self):
+        results = self.replay(REAL_TRACE)
         rate = {p: r["tokens_per_second"] for p, r in results.items()}
         self.assertGreaterEqual(
             rate["auto"], 0.99 * max(rate["nospec"], rate["always"])
@@ -190,6 +196,15 @@ class TestSimulate(CustomTestCase):
         # It speculates on the easy prompts, and runs plain on the hard ones.
         self.assertGreater(results["auto"]["spec_step_share"], 0.05)
         self.assertLess(results["auto"]["spec_step_share"], 0.5)
+
+    def test_auto_gains_on_the_content_shift_of_a_real_run(self):
+        rate = {
+            p: r["tokens_per_second"]
+            for p, r in self.replay(CONTENT_SHIFT_TRACE).items()
+        }
+        self.assertGreaterEqual(
+            rate["auto"], 1.05 * max(rate["nospec"], rate["always"])
+        )
 
     def test_cli_prints_one_row_per_policy(self):
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
