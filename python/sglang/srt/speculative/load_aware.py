@@ -361,6 +361,7 @@ class LoadAwarePlainStep:
             result = worker.target_worker.forward_batch_generation(
                 batch, capture_hidden_mode=CaptureHiddenMode.FULL
             )
+        self._hand_over_read_done_event()
         if on_publish is not None:
             on_publish(new_seq_lens)
 
@@ -391,6 +392,18 @@ class LoadAwarePlainStep:
             )
         self._feed_zero_step_tier(bs)
         return result
+
+    def _hand_over_read_done_event(self) -> None:
+        """The scheduler's WAR barrier waits on the read-done event of the worker's
+        ``war_fastpath_runner`` (the draft runner, whose draft extend is the last
+        phase of a speculative step to read shared buffers), or else on the whole
+        forward. In a plain step with a KV-only catch-up that phase is the target's
+        DECODE replay, whose event is handed over; a draft forward publishes its own."""
+        target_runner = self.worker.target_worker.model_runner
+        event = target_runner.war_fastpath_read_done_event
+        target_runner.war_fastpath_read_done_event = None
+        if self.draft_catch_up.kv_only:
+            self.worker.war_fastpath_runner.war_fastpath_read_done_event = event
 
     def _feed_zero_step_tier(self, bs: int) -> None:
         """An adaptive tier at 0 draft steps counts the step as a verify of no
