@@ -23,16 +23,17 @@ COSTS = {
 
 
 sim = load_benchmark_script("policy_sim")
-# The trace of an auto server on one H200 (llama8b preset, 16 clients on prompts its
-# draft accepts at 0.95 per token, then at 0.3): its NOTES.md beside it.
+# Runs of an auto server on one H200 (llama8b preset, a pair whose draft accepts 0.95 per
+# token on some prompts and 0.3 on others): their NOTES.md there.
 RESULTS = os.path.join(
     os.path.dirname(os.path.abspath(__file__)),
     *[".."] * 4,
     "benchmark/dynamic_spec/results/2026-12-02-llama8b-p0.95-0.3",
 )
+# 16 clients in a closed loop on a mix of both kinds of prompt, then on easy prompts
+# followed by hard ones.
 REAL_TRACE = os.path.join(RESULTS, "traces", "auto-topk1-steps.jsonl.gz")
-# The same server and pair under steady load at C=16, then on the content-shift workload
-# (easy prompts, then hard ones), twice.
+# 16 clients under steady load on the mix, then twice easy prompts followed by hard ones.
 CONTENT_SHIFT_TRACE = os.path.join(RESULTS, "steady", "auto-topk1-steps.jsonl.gz")
 
 
