@@ -80,6 +80,8 @@ class FakeModelRunner:
         self.ngram_embedding_manager = SimpleNamespace(enabled=False)
         self.init_new_workspace = False
         self.forward_batches = []
+        # Set by a forward that is done reading shared buffers (the WAR barrier's).
+        self.war_fastpath_read_done_event = None
 
     def record(self, forward_batch: ForwardBatch, **extra):
         self.forward_batches.append(
@@ -115,12 +117,14 @@ class TargetModelRunner(FakeModelRunner):
 class RecordingTargetWorker:
     """Request i: hidden state i + 1 (every dim), next token FIRST_TARGET_TOKEN + i,
     logprob -(i + 1) / 10. Records the ForwardBatch of each forward and what the
-    model runner has installed during it."""
+    model runner has installed during it; publishes a read-done event, as a DECODE
+    graph replay does."""
 
     def __init__(self, model_config, events):
         self.model_runner = TargetModelRunner(model_config)
         self.events = events
         self.fail = False
+        self.read_done_events = []
 
     def forward_batch_generation(self, batch, capture_hidden_mode=None):
         runner = self.model_runner
@@ -136,6 +140,8 @@ class RecordingTargetWorker:
             graph_runner=runner.decode_cuda_graph_runner,
         )
         self.events.append("target")
+        runner.war_fastpath_read_done_event = object()
+        self.read_done_events.append(runner.war_fastpath_read_done_event)
         if self.fail:
             raise RuntimeError("target forward failed")
         bs = len(batch.seq_lens)
@@ -254,6 +260,7 @@ class PlainStepTestBase(TinyEagleTestCase):
             device="cpu",
             adaptive_controller=None,
             speculative_num_steps=3,
+            war_fastpath_runner=self.draft_runner,
         )
 
     def plain_step(self) -> LoadAwarePlainStep:
@@ -322,6 +329,9 @@ class PlainStepTestBase(TinyEagleTestCase):
         self.assertEqual(published, [new_seq_lens])
         self.assertEqual(self.events[:2], ["target", "publish"])
         self.assertEqual(len(self.events), 3)
+        # The scheduler's WAR barrier reads the draft runner's event; the target's
+        # is consumed.
+        self.assertIsNone(self.target.model_runner.war_fastpath_read_done_event)
 
         # A verify that accepted no draft.
         self.assertTrue(result.spec_plain_step)
@@ -373,6 +383,9 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
         plain, batch, result, seq_lens, slots = self.step()
         self.assertFalse(plain.draft_catch_up.kv_only)
         self.assertEqual(self.events, ["target", "publish", "draft"])
+        # The draft forward reads req_to_token after the target's replay: the
+        # barrier must not take the target's event for the step's.
+        self.assertIsNone(self.draft_runner.war_fastpath_read_done_event)
         (draft_call,) = self.draft_runner.forward_batches
         self.assertEqual(draft_call["forward_mode"], ForwardMode.DRAFT_EXTEND_V2)
         self.assertEqual(draft_call["input_ids"], [40, 41, 42, 43])
@@ -480,6 +493,11 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         plain, batch, result, seq_lens, slots = self.step()
         self.assertTrue(plain.draft_catch_up.kv_only)
         self.assertEqual(self.events, ["target", "publish", "draft-kv"])
+        # Nothing after the target's replay reads shared buffers.
+        self.assertIs(
+            self.draft_runner.war_fastpath_read_done_event,
+            self.target.read_done_events[-1],
+        )
         self.assertEqual(self.draft_runner.forward_batches, [])
         (call,) = self.draft_model.calls
         self.assertEqual(call["input_ids"], [40, 41, 42, 43])
