@@ -179,16 +179,19 @@ class AcceptanceEstimate:
         # The highest estimate each observed step count has had.
         self._best: Dict[int, float] = {}
 
-    def observe(self, num_steps: int, num_tokens: int, num_requests: int) -> None:
+    def observe(self, num_steps: int, num_tokens: int, num_requests: int) -> bool:
         """Speculative steps of one step count: ``num_tokens`` committed by
-        ``num_requests`` verified requests (one step, or several summed)."""
+        ``num_requests`` verified requests (one step, or several summed). Returns
+        whether the estimate rose above its best so far."""
         if num_requests <= 0:
-            return
+            return False
         sample = num_tokens / num_requests
         old = self._observed.get(num_steps)
+        best_before = self.expected(num_steps) if old is None else self._best[num_steps]
         new = sample if old is None else old + self.ema_alpha * (sample - old)
         self._observed[num_steps] = new
         self._best[num_steps] = max(self._best.get(num_steps, new), new)
+        return new > best_before
 
     def expected(self, num_steps: int) -> float:
         """E[accept length | num_steps]; unobserved step counts from the chain fit to
@@ -283,13 +286,18 @@ class ThroughputPolicy:
         self.num_calibrations = 0
         self.step_counts: Dict[Tuple[int, str], int] = {}
 
-    def throughput(self, num_steps: int, batch_size: int) -> Optional[float]:
-        """Expected output tokens per second of one step of this mode (None while
-        unmeasured at this batch size)."""
+    def throughput(
+        self, num_steps: int, batch_size: int, accept_length: Optional[float] = None
+    ) -> Optional[float]:
+        """Expected output tokens per second of one step of this mode, at the
+        acceptance estimate or at ``accept_length`` (None while unmeasured at this
+        batch size)."""
         seconds = self.costs.estimate(num_steps, batch_size)
         if seconds is None:
             return None
-        return batch_size * self.acceptance.expected(num_steps) / seconds
+        if accept_length is None:
+            accept_length = self.acceptance.expected(num_steps)
+        return batch_size * accept_length / seconds
 
     @property
     def speculating(self) -> bool:
@@ -371,11 +379,10 @@ class ThroughputPolicy:
         if plain_rate is None:
             return True
         for num_steps in self.modes[1:]:
-            seconds = self.costs.estimate(num_steps, batch_size)
-            best = self.acceptance.best(num_steps)
-            if seconds is None or batch_size * best / seconds > plain_rate * (
-                1 + self.margin
-            ):
+            rate = self.throughput(
+                num_steps, batch_size, self.acceptance.best(num_steps)
+            )
+            if rate is None or rate > plain_rate * (1 + self.margin):
                 return True
         return False
 
@@ -405,9 +412,7 @@ class ThroughputPolicy:
         """What a decode step of this mode did: tokens committed (speculative steps
         refresh the acceptance), and its time if measured (decode steps only)."""
         if num_steps != PLAIN and num_tokens is not None:
-            best_before = self.acceptance.best(num_steps)
-            self.acceptance.observe(num_steps, num_tokens, batch_size)
-            if self.acceptance.best(num_steps) > best_before:
+            if self.acceptance.observe(num_steps, num_tokens, batch_size):
                 # Traffic easier than any before: probe at the base interval again.
                 self._probe_interval_now = self.probe_interval
         if seconds is not None:
