@@ -37,7 +37,7 @@ from sweep.configs import Config
 from sweep.loops import closed_loop
 from sweep.results import results_dir
 from sweep.server import serving
-from trace_summary import format_summary, load_events, summarize_trace
+from trace_summary import format_summary, load_written_events, summarize_trace
 
 
 def workload_suffix(args) -> str:
@@ -86,7 +86,6 @@ async def wait_for_trace(profile_dir: str, load: asyncio.Task, timeout=120) -> s
     while time.time() < deadline:
         traces = glob.glob(os.path.join(profile_dir, "*TP-0*.trace.json.gz"))
         if traces:
-            await asyncio.sleep(2)  # let the writer finish
             return traces[0]
         if load.done():
             raise RuntimeError(
@@ -107,7 +106,7 @@ def profile_config(args, config: Config, target, draft, out_dir: str) -> List[di
                     "config": config.name,
                     "concurrency": concurrency,
                     "trace": trace,
-                    "summary": summarize_trace(load_events(trace), args.steps),
+                    "summary": summarize_trace(load_written_events(trace), args.steps),
                     **launch,
                 }
             )

@@ -16,6 +16,7 @@ import argparse
 import collections
 import gzip
 import json
+import time
 from typing import Any, Dict, Iterable, List, Tuple
 
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -31,6 +32,21 @@ def load_events(path: str) -> List[Dict[str, Any]]:
         trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     return [e for e in events if e.get("ph") == "X" and "dur" in e]
+
+
+def load_written_events(
+    path: str, timeout: float = 120, poll: float = 2
+) -> List[Dict[str, Any]]:
+    """load_events of a trace the profiler may still be writing: the file appears
+    before its last bytes do, so a truncated read is retried until timeout."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return load_events(path)
+        except (EOFError, json.JSONDecodeError):
+            if time.time() >= deadline:
+                raise
+            time.sleep(poll)
 
 
 def merge_intervals(intervals: Iterable[Interval]) -> List[Interval]:

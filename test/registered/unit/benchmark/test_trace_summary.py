@@ -5,6 +5,7 @@ import gzip
 import json
 import os
 import tempfile
+import threading
 import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -111,6 +112,24 @@ class TestTraceSummary(CustomTestCase):
         text = self.ts.format_summary(self.ts.summarize_trace(events, steps=2))
         self.assertIn("GPU busy 0.17 ms (89.7%)", text)
         self.assertIn(f"        1     0.01  {CATCH_UP}", text)
+
+    def test_a_trace_still_being_written_is_read_once_complete(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "x-TP-0.trace.json.gz")
+            data = gzip.compress(json.dumps({"traceEvents": TRACE}).encode())
+
+            def write(content):
+                with open(path, "wb") as f:
+                    f.write(content)
+
+            write(data[: len(data) // 2])
+            with self.assertRaises(EOFError):
+                self.ts.load_written_events(path, timeout=0.2, poll=0.1)
+            writer = threading.Timer(0.3, write, args=(data,))
+            writer.start()
+            events = self.ts.load_written_events(path, timeout=10, poll=0.1)
+            writer.join()
+        self.assertEqual(len(events), len(TRACE) - 1)
 
     def test_a_trace_without_gpu_activity_is_refused(self):
         with self.assertRaisesRegex(ValueError, "no GPU activity"):
