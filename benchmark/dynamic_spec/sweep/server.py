@@ -78,7 +78,10 @@ def config_server_args(
             attention_backend=args.attention_backend,
             tp_size=args.tp_size,
             cuda_graph_max_bs=max_bs,
-            max_running_requests=max_bs,
+            # One more: 0.5.17's scheduler counts the request row of a prefill that
+            # continues in a new chunk twice, so it runs one request fewer than
+            # --max-running-requests (upstream counts it once by 0.5.23).
+            max_running_requests=max_bs + 1,
             mem_fraction_static=args.mem_fraction_static,
             skip_tokenizer_init=not bench_serving_enabled(args),
             enable_metrics=True,

@@ -659,7 +659,7 @@ class TestBenchSweepResults(CustomTestCase):
             sweep.server.config_server_args(args, configs["loadaware-topk4"], "/d")
         )
         self.assertIn("--tp-size 2 --cuda-graph-max-bs 64 ", flags)
-        self.assertIn("--max-running-requests 64 ", flags)
+        self.assertIn("--max-running-requests 65 ", flags)
         self.assertIn("--skip-tokenizer-init --enable-metrics", flags)
         self.assertIn(
             "--speculative-algorithm EAGLE3 --speculative-draft-model-path /d "
@@ -974,7 +974,7 @@ class TestBenchSweepResults(CustomTestCase):
         )
         nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
         flags = " ".join(sweep.server.config_server_args(args, nospec, "/d"))
-        self.assertIn("--cuda-graph-max-bs 256 --max-running-requests 256 ", flags)
+        self.assertIn("--cuda-graph-max-bs 256 --max-running-requests 257 ", flags)
 
     def test_decode_rate_runs_instead_of_the_sweep(self):
         ran = []
