@@ -45,6 +45,11 @@ CPU_ENGINE_ENV: Dict[str, str] = {"SGLANG_USE_CPU_ENGINE": "1"}
 # Read when a kernel is defined, so it must be set when the engine's processes start.
 TRITON_INTERPRETER_ENV: Dict[str, str] = {"TRITON_INTERPRET": "1"}
 
+# Where NCCL would be loaded from: nowhere. The CUDA wheel of torch brings an NCCL
+# library, and with it every TP group would build a NCCL communicator on a CUDA
+# device; without one, TP ranks all-reduce through torch.distributed (gloo).
+NO_NCCL_ENV: Dict[str, str] = {"SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so.2"}
+
 # Small engines on a CPU (the synthetic models' context is 512 tokens).
 CPU_ENGINE_DEFAULTS: Dict[str, Any] = {
     **TEST_ENGINE_DEFAULTS,
@@ -458,6 +463,20 @@ def _fail_generate_on_child_crash(engine: Engine) -> None:
     engine.tokenizer_manager.signal_handler_class = StopLoopOnSigquit
 
 
+def tensor_parallel_env(tp_size: int) -> Dict[str, str]:
+    """The environment of TP ranks on this CPU: no NCCL, and this process's cores
+    split between the ranks (upstream's CPU engine otherwise wants a NUMA node per
+    rank, ``SGLANG_CPU_OMP_THREADS_BIND``)."""
+    if tp_size == 1:
+        return {}
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp_size:
+        raise ValueError(f"tp_size {tp_size} needs as many cores; this has {cores}")
+    shares = [cores[rank::tp_size] for rank in range(tp_size)]
+    binding = "|".join(",".join(map(str, share)) for share in shares)
+    return {**NO_NCCL_ENV, "SGLANG_CPU_OMP_THREADS_BIND": binding}
+
+
 @contextlib.contextmanager
 def _importable_sgl_kernel() -> Iterator[None]:
     """sgl_kernel for this process, which runs no kernel but imports the engine:
@@ -516,14 +535,15 @@ def cpu_spec_engine(
     """A running ``sglang.Engine`` on this CPU (CPU_ENGINE_DEFAULTS, then
     ``engine_kwargs``), its processes started with ``env`` added to the
     environment; shut down on exit. A failing engine process fails the call
-    that waits for it."""
+    that waits for it. With ``tp_size`` > 1 the ranks share this process's cores."""
     kwargs = {
         **CPU_ENGINE_DEFAULTS,
         "custom_sigquit_handler": raise_on_sigquit,
         **engine_kwargs,
     }
+    tp_env = tensor_parallel_env(kwargs.get("tp_size", 1))
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_environ({**CPU_ENGINE_ENV, **(env or {})}))
+        stack.enter_context(_environ({**CPU_ENGINE_ENV, **tp_env, **(env or {})}))
         stack.callback(signal.signal, signal.SIGQUIT, signal.getsignal(signal.SIGQUIT))
         # Imported before TRITON_INTERPRET is set: the kernels this process
         # defines stay compiled ones.

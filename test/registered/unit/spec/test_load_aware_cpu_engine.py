@@ -6,7 +6,8 @@ the longest end during plain steps) and a lone request; the threshold classes al
 a long request that other requests push to plain steps and back every few steps.
 One class runs a KV pool too small for its requests (retractions) while some of
 them are aborted, one xgrammar regex and JSON-schema constraints (its tokenizer
-spells a JSON object's opener and closer), one the ``auto`` policy. Every output is
+spells a JSON object's opener and closer), three the ``auto`` policy (alone, with
+the adaptive mode, and at TP 2: two ranks on this CPU). Every output is
 compared token for token with the synthetic target's greedy continuation. The
 draft is the KV-check variant: it proposes right only if the draft KV at the
 previous position is what the draft writes there, so a stale draft KV where the
@@ -46,7 +47,7 @@ from sglang.test.synthetic_spec_models import (
 )
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=720, suite="base-a-test-cpu")
+register_cpu_ci(est_time=810, suite="base-a-test-cpu")
 
 DRAFT_ACCEPT = 0.8
 PROMPT_LEN = 16
@@ -533,6 +534,42 @@ class TestChainAutoOverlap(CpuEngineTestBase):
         rate = {p: r["tokens_per_second"] for p, r in results.items()}
         self.assertGreater(rate["auto"], 2 * rate["always"])
         self.assertLess(results["auto"]["spec_step_share"], 0.1)
+
+
+class TestChainAutoTensorParallel(CpuEngineTestBase):
+    """auto at TP 2 (two ranks on this CPU, all-reducing through gloo): the ranks'
+    sums of their step times (a CPU all-reduce every few steps) line up, every
+    output is the intended one, and both ranks take the same decision at every
+    step (their step traces). On a CPU a speculative step costs several plain
+    ones, so the decisions are far from the margin: a lost sum would hang the
+    ranks rather than part their decisions."""
+
+    spec = EAGLE3_CHAIN
+    engine_args = dict(
+        speculative_disable_batch_threshold="auto",
+        speculative_load_aware_min_dwell_steps=0,
+        tp_size=2,
+    )
+    step_trace = True
+    seed = 6
+
+    def test_ranks_take_the_same_decisions(self):
+        self.run_mixed_batch(seed=1)
+        self.run_lone_request(seed=2)
+        rank0, rank1 = (self.decisions_of_rank(rank) for rank in range(2))
+        print(f"[cpu-engine] {len(rank0)} decisions per rank")
+        self.assertEqual(rank1, rank0)
+        self.assertEqual({num_steps for num_steps, _, _ in rank0}, {0, 3})
+        self.assert_engine_alive()
+
+    def decisions_of_rank(self, rank: int) -> List[Tuple[int, str, int]]:
+        with open(f"{self.trace_path}.tp{rank}") as f:
+            records = [json.loads(line) for line in f]
+        return [
+            (r["decision"], r["reason"], r["batch_size"])
+            for r in records
+            if "decision" in r
+        ]
 
 
 class TestChainAutoAdaptive(CpuEngineTestBase):
