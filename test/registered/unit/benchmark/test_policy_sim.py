@@ -23,18 +23,15 @@ COSTS = {
 
 
 sim = load_benchmark_script("policy_sim")
-# Runs of an auto server on one H200 (llama8b preset, a pair whose draft accepts 0.95 per
-# token on some prompts and 0.3 on others): their NOTES.md there.
-RESULTS = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)),
-    *[".."] * 4,
-    "benchmark/dynamic_spec/results/2026-12-02-llama8b-p0.95-0.3",
-)
+# Step traces of an auto server on one H200 (llama8b preset, a pair whose draft accepts
+# 0.95 per token on some prompts and 0.3 on others), from the runs of
+# benchmark/dynamic_spec/results/2026-12-02-llama8b-p0.95-0.3/NOTES.md.
+TRACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces")
 # 16 clients in a closed loop on a mix of both kinds of prompt, then on easy prompts
 # followed by hard ones.
-REAL_TRACE = os.path.join(RESULTS, "traces", "auto-topk1-steps.jsonl.gz")
+REAL_TRACE = os.path.join(TRACES, "auto-llama8b-mixed-closed-loop.jsonl.gz")
 # 16 clients under steady load on the mix, then twice easy prompts followed by hard ones.
-CONTENT_SHIFT_TRACE = os.path.join(RESULTS, "steady", "auto-topk1-steps.jsonl.gz")
+CONTENT_SHIFT_TRACE = os.path.join(TRACES, "auto-llama8b-content-shift-steady.jsonl.gz")
 
 
 def decision(num_steps: int, t: float) -> dict:
