@@ -8,7 +8,12 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from forklib import ForkError
-from forklib.export import assign_new_files, is_exported, strip_fork_files
+from forklib.export import (
+    assign_new_files,
+    is_exported,
+    strip_fork_files,
+    without_links_to_unexported,
+)
 from forklib.layout import Layout
 from forklib.pin import Pin, PinnedWheel, write_pin
 from forklib.series import Patch, ScratchRepo, run_git, touched_files
@@ -27,8 +32,8 @@ EXPORTED_TREES = ("python/sglang", "test", "benchmark", "docs")
 TRAILING_FILES_MESSAGE = """Add the docs, benchmarks and tests that no patch needs
 
 New files at their upstream paths that no commit before this one imports:
-documentation, benchmark scripts, and the tests and test utilities of the
-series as a whole.
+documentation, benchmark scripts and their tests (with the step traces they
+replay), and the tests and test utilities of the series as a whole.
 """
 
 
@@ -215,10 +220,17 @@ def _new_files(layout: Layout, upstream: Upstream) -> Dict[str, bytes]:
         raise ForkError("export needs a git checkout of the fork")
     upstream_paths = set(upstream.pristine_files())
     return {
-        rel: (layout.root / rel).read_bytes()
+        rel: _exported_content(rel, (layout.root / rel).read_bytes())
         for rel in tracked
         if rel not in upstream_paths and is_exported(rel)
     }
+
+
+def _exported_content(rel: str, content: bytes) -> bytes:
+    """Docs lose their links into benchmark results, which stay in the fork."""
+    if not rel.endswith(".md"):
+        return content
+    return without_links_to_unexported(content.decode(), rel).encode()
 
 
 def cmd_export(layout: Layout, out_dir: Path) -> int:

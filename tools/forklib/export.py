@@ -2,17 +2,19 @@
 
 A new module enters with the first patch whose added lines import it, directly or
 through other new modules. A file no patch needs (a test, a test utility) enters with
-the latest of the new modules it imports; one that imports none, benchmarks and docs
-enter in a final commit after the series. A patch's ``Fork-Files:`` trailer
+the latest of the new modules it imports, and brings the test data it names; one
+that imports none, benchmarks, what loads them, and docs enter in a final commit after
+the series. A patch's ``Fork-Files:`` trailer
 names files (globs) that enter with it whatever the imports say.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 import re
 from pathlib import PurePosixPath
-from typing import Dict, List, Mapping, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 from forklib import ForkError
 from forklib.layout import UPSTREAM_PACKAGE
@@ -29,6 +31,29 @@ def is_exported(rel: str) -> bool:
     """Benchmark results (``benchmark/**/results/**``) stay in the fork."""
     parts = PurePosixPath(rel).parts
     return not (parts[0] == "benchmark" and "results" in parts[1:-1])
+
+
+_MARKDOWN_LINK = re.compile(
+    r"(?P<paren>\s*\(\s*)?(?P<image>!)?\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)\)"
+    r"(?(paren)\s*\))"
+)
+
+
+def without_links_to_unexported(markdown: str, rel: str) -> str:
+    """``markdown`` (the file ``rel``) with its relative links into files an export
+    leaves behind taken out: a link becomes its text, a parenthesized link or an
+    image goes."""
+
+    def rewrite(match: re.Match) -> str:
+        target = match["target"].split("#", 1)[0]
+        if not target or "://" in target:
+            return match[0]
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+        if is_exported(resolved):
+            return match[0]
+        return "" if match["paren"] or match["image"] else match["text"]
+
+    return _MARKDOWN_LINK.sub(rewrite, markdown)
 
 
 def follows_imports(rel: str) -> bool:
@@ -130,12 +155,18 @@ def _following_imports(
     """Files no patch needs -> the latest patch of the new files they import.
 
     A file that imports no such file either, but that one of these needs (a test
-    utility), goes with the first of them that needs it.
+    utility), goes with the first of them that needs it. A file that needs a
+    benchmark follows the series with the benchmarks.
     """
     closures = {
         rel: _closure({rel}, deps)
         for rel in deps.keys() - index.keys()
         if follows_imports(rel)
+    }
+    closures = {
+        rel: closure
+        for rel, closure in closures.items()
+        if all(follows_imports(d) for d in closure)
     }
     following = {
         rel: max(index[d] for d in closure if d in index)
@@ -150,17 +181,53 @@ def _following_imports(
     return {**following, **needed}
 
 
+def _test_data_named(text: str, new_files: Iterable[str]) -> Set[str]:
+    """The new files under test/ other than Python ones whose names ``text`` spells."""
+    return {
+        rel
+        for rel in new_files
+        if rel.startswith("test/")
+        and not rel.endswith(".py")
+        and PurePosixPath(rel).name in text
+    }
+
+
+_BENCHMARK_LOAD = re.compile(r"load_benchmark_(?:script|package)\(\s*[\"'](\w+)[\"']")
+
+
+def _benchmarks_loaded(text: str, new_files: Iterable[str]) -> Set[str]:
+    """The benchmark files that ``text`` loads (``sglang.test.spec_engine_utils``'s
+    ``load_benchmark_script`` / ``load_benchmark_package``, by script or package name).
+    """
+    names = set(_BENCHMARK_LOAD.findall(text))
+    return {
+        rel
+        for rel in new_files
+        if not follows_imports(rel)
+        and names & {PurePosixPath(rel).stem, *PurePosixPath(rel).parts[:-1]}
+    }
+
+
+def _dependencies(rel: str, content: bytes, new_files, by_module) -> Set[str]:
+    """The new files a new Python file needs: those it imports, the benchmarks it
+    loads, and the test data it names (which then enters with it)."""
+    if not rel.endswith(".py"):
+        return set()
+    text = content.decode(errors="replace")
+    return (
+        _imports(text, by_module)
+        | _benchmarks_loaded(text, new_files)
+        | _test_data_named(text, new_files)
+    ) - {rel}
+
+
 def assign_new_files(
     patch_texts: Sequence[str], new_files: Mapping[str, bytes]
 ) -> List[List[str]]:
     """Group k of the result enters with patch k; the extra last group follows the series."""
     by_module = {module_name(rel): rel for rel in new_files if module_name(rel)}
     deps = {
-        rel: (
-            _imports(content.decode(errors="replace"), by_module) - {rel}
-            if rel.endswith(".py")
-            else set()
-        )
+        rel: _dependencies(rel, content, new_files, by_module)
         for rel, content in new_files.items()
     }
     index = _needed_by_patches(patch_texts, sorted(new_files), by_module, deps)

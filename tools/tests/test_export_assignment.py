@@ -13,6 +13,7 @@ from forklib.export import (  # noqa: E402
     is_exported,
     module_name,
     strip_fork_files,
+    without_links_to_unexported,
 )
 
 A = "python/sglang/srt/speculative/fork_a.py"
@@ -98,6 +99,29 @@ class TestAssignNewFiles(unittest.TestCase):
         )
         self.assertEqual(groups, [[A], [B, UTIL, TEST], [], []])
 
+    def test_a_test_brings_the_test_data_it_names(self):
+        data = "test/registered/unit/spec/traces/run.jsonl.gz"
+        test = (
+            "from sglang.srt.speculative.fork_a import A\n"
+            'TRACE = os.path.join(HERE, "traces", "run.jsonl.gz")\n'
+        )
+        groups = assign_new_files(
+            [patch("import os"), patch("from sglang.srt.speculative.fork_a import A")],
+            {**files(**{A: "A = 1\n", TEST: test}), data: b"\x1f\x8b\xff"},
+        )
+        self.assertEqual(groups, [[], [A, TEST, data], []])
+
+    def test_a_test_of_a_benchmark_follows_the_series_with_it(self):
+        test = (
+            "from sglang.srt.speculative.fork_a import A\n"
+            'bench = load_benchmark_script("bench")\n'
+        )
+        groups = assign_new_files(
+            [patch("from sglang.srt.speculative.fork_a import A")],
+            files(**{A: "A = 1\n", TEST: test, BENCH: "import os\n"}),
+        )
+        self.assertEqual(groups, [[A], [BENCH, TEST]])
+
     def test_what_nothing_needs_and_imports_nothing_new_follows_the_series(self):
         groups = assign_new_files(
             [patch("from sglang.srt.speculative.fork_a import A")],
@@ -153,6 +177,22 @@ class TestExportHelpers(unittest.TestCase):
         self.assertTrue(is_exported("benchmark/dynamic_spec/bench_sweep.py"))
         self.assertTrue(is_exported("benchmark/dynamic_spec/results"))
         self.assertTrue(is_exported("docs/results/page.md"))
+
+    def test_docs_lose_their_links_into_benchmark_results(self):
+        doc = "docs/advanced_features/page.md"
+        results = "../../benchmark/dynamic_spec/results/run"
+        markdown = (
+            f"Faster at every C\n  ([results]({results}/NOTES.md)). See\n"
+            f"[the NOTES]({results}/NOTES.md#c16), [the sweep](../../benchmark/x.py),\n"
+            f"[flags](#flags) and [upstream](https://docs.sglang.ai/a.md).\n\n"
+            f"![plot]({results}/throughput.png)\n"
+        )
+        self.assertEqual(
+            without_links_to_unexported(markdown, doc),
+            "Faster at every C. See\n"
+            "the NOTES, [the sweep](../../benchmark/x.py),\n"
+            "[flags](#flags) and [upstream](https://docs.sglang.ai/a.md).\n\n\n",
+        )
 
     def test_module_name(self):
         self.assertEqual(module_name(A), "sglang.srt.speculative.fork_a")
