@@ -3,9 +3,9 @@
 A new module enters with the first patch whose added lines import it, directly or
 through other new modules. A file no patch needs (a test, a test utility) enters with
 the latest of the new modules it imports, and brings the test data it names; one
-that imports none, benchmarks, what loads them, and docs enter in a final commit after
-the series. A patch's ``Fork-Files:`` trailer
-names files (globs) that enter with it whatever the imports say.
+that imports none, benchmarks, what loads them, and docs enter in a final commit
+after the series. A patch's ``Fork-Files:`` trailer names files (globs) that enter
+with it whatever the imports say.
 """
 
 from __future__ import annotations
@@ -208,7 +208,12 @@ def _benchmarks_loaded(text: str, new_files: Iterable[str]) -> Set[str]:
     }
 
 
-def _dependencies(rel: str, content: bytes, new_files, by_module) -> Set[str]:
+def _dependencies(
+    rel: str,
+    content: bytes,
+    new_files: Iterable[str],
+    by_module: Mapping[str, str],
+) -> Set[str]:
     """The new files a new Python file needs: those it imports, the benchmarks it
     loads, and the test data it names (which then enters with it)."""
     if not rel.endswith(".py"):
