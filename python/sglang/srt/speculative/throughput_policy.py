@@ -187,7 +187,7 @@ class AcceptanceEstimate:
             return False
         sample = num_tokens / num_requests
         old = self._observed.get(num_steps)
-        best_before = self.expected(num_steps) if old is None else self._best[num_steps]
+        best_before = self.best(num_steps)
         new = sample if old is None else old + self.ema_alpha * (sample - old)
         self._observed[num_steps] = new
         self._best[num_steps] = max(self._best.get(num_steps, new), new)
