@@ -10,7 +10,8 @@ which
    here (``TargetDecodeGraphs``), sampling through the target worker's normal
    ``forward_batch_generation`` (penalties, grammar masks, logprobs); it also
    captures the target hidden state of the new token for the draft;
-2. keeps the draft KV cache valid for the token just decoded (``DraftCatchUp``),
+2. keeps the draft KV cache valid for the token just decoded (``DraftCatchUp``;
+   a one-layer EAGLE-3 head writes that KV alone, in ``DraftKVWriteGraphs``),
    so that speculation can resume at any step with undiminished acceptance;
 3. returns a result shaped like a verify step's that accepted no draft (one
    token per request, ``accept_lens`` 1, ``new_seq_lens``, a full next draft
@@ -27,22 +28,37 @@ here, once the overlap future map has resolved the previous step.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import copy
+import functools
 import logging
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Deque, Iterator, List, Optional, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Callable,
+    Deque,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 import torch
 
 from sglang.srt.configs.hybrid_arch import mambaish_config
+from sglang.srt.distributed.parallel_state import graph_capture
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
     speculative_moe_backend_context,
 )
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.model_executor.runner.base_cuda_graph_runner import freeze_gc
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
     DecodeCudaGraphRunner,
 )
@@ -58,12 +74,16 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.speculative.eagle_worker_v2 import (
-        EagleDraftWorker,
-        EAGLEWorkerV2,
-    )
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 logger = logging.getLogger(__name__)
+
+G = TypeVar("G")
+# write_kv_cache_only of a draft model, bound to its KV pool: (input_ids,
+# positions, target hidden states, out_cache_loc) -> the layer's hidden input.
+KVWrite = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]
 
 
 def build_plain_step(worker: EAGLEWorkerV2) -> Optional[LoadAwarePlainStep]:
@@ -117,6 +137,28 @@ def fresh_attention_backend(model_runner: ModelRunner):
         model_runner.init_new_workspace = backup_init_new_workspace
 
 
+def capture_accounted(
+    worker: EAGLEWorkerV2, name: str, description: str, capture: Callable[[], G]
+) -> G:
+    """Run ``capture`` (it returns graphs with their ``capture_bs``), counting its
+    GPU memory and time among the worker's additional graphs (the startup log's
+    ``name=``)."""
+    tic = time.perf_counter()
+    before_mem = get_available_gpu_memory(worker.device, worker.gpu_id)
+    graphs = capture()
+    after_mem = get_available_gpu_memory(worker.device, worker.gpu_id)
+    seconds = time.perf_counter() - tic
+    worker._additional_graph_memory_usage[name] = before_mem - after_mem
+    worker._additional_graph_time_usage[name] = seconds
+    log_info_on_rank0(
+        logger,
+        f"Captured {description} cuda graphs (load-aware speculation): "
+        f"bs={graphs.capture_bs}, {seconds:.2f} s, "
+        f"mem={before_mem - after_mem:.2f} GB, avail mem={after_mem:.2f} GB",
+    )
+    return graphs
+
+
 class TargetDecodeGraphs:
     """The DECODE attention backend and CUDA-graph family of a speculative target.
 
@@ -129,28 +171,14 @@ class TargetDecodeGraphs:
         self.attn_backend = fresh_attention_backend(self.model_runner)
         self.graph_runner: Optional[DecodeCudaGraphRunner] = None
         if worker.target_worker.model_runner.decode_cuda_graph_runner is not None:
-            self.graph_runner = self._capture(worker)
-
-    def _capture(self, worker: EAGLEWorkerV2) -> DecodeCudaGraphRunner:
-        tic = time.perf_counter()
-        before_mem = get_available_gpu_memory(worker.device, worker.gpu_id)
-        graph_runner = DecodeCudaGraphRunner(
-            self.model_runner, attn_backend=self.attn_backend, plain_decode=True
-        )
-        after_mem = get_available_gpu_memory(worker.device, worker.gpu_id)
-        worker._additional_graph_memory_usage["load_aware_decode"] = (
-            before_mem - after_mem
-        )
-        worker._additional_graph_time_usage["load_aware_decode"] = (
-            time.perf_counter() - tic
-        )
-        log_info_on_rank0(
-            logger,
-            "Captured target plain-decode cuda graphs (load-aware speculation): "
-            f"bs={graph_runner.capture_bs}, {time.perf_counter() - tic:.2f} s, "
-            f"mem={before_mem - after_mem:.2f} GB, avail mem={after_mem:.2f} GB",
-        )
-        return graph_runner
+            self.graph_runner = capture_accounted(
+                worker,
+                "load_aware_decode",
+                "target plain-decode",
+                lambda: DecodeCudaGraphRunner(
+                    self.model_runner, attn_backend=self.attn_backend, plain_decode=True
+                ),
+            )
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -174,6 +202,80 @@ def plain_steps_write_kv_only(draft_model: torch.nn.Module) -> bool:
     return can_write is not None and can_write()
 
 
+class DraftKVWriteGraphs:
+    """CUDA graphs of a KV-only draft write, one per batch size.
+
+    Eager, the write's ten small kernels cost more host time than GPU time, and
+    at large batches a plain step is host-bound like a decode step without
+    speculation. A batch between captured sizes replays the next larger graph;
+    its padding rows write the KV pool's padding slot 0. The graphs have a
+    memory pool of their own: the output, the next draft input, must survive the
+    other graphs' replays (prefills) until a speculative step reads it.
+    """
+
+    def __init__(
+        self,
+        write: KVWrite,
+        capture_bs: Sequence[int],
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.write = write
+        self.capture_bs = sorted(capture_bs)
+        max_bs = self.capture_bs[-1]
+        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.hidden_states = torch.zeros(
+            (max_bs, hidden_size), dtype=dtype, device=device
+        )
+        self.out_cache_loc = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: Dict[int, torch.Tensor] = {}
+
+    def capture(self, stream: torch.cuda.Stream) -> None:
+        """Warm up and capture every batch size (while ``out_cache_loc`` is all
+        padding slots), the largest first so that the others reuse its memory."""
+        pool = torch.cuda.graph_pool_handle()
+        for bs in reversed(self.capture_bs):
+            for _ in range(2):
+                self._write(bs)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                self.outputs[bs] = self._write(bs)
+            self.graphs[bs] = graph
+
+    def can_run(self, bs: int) -> bool:
+        return bs <= self.capture_bs[-1]
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+    ) -> torch.Tensor:
+        bs = len(input_ids)
+        graph_bs = self.capture_bs[bisect.bisect_left(self.capture_bs, bs)]
+        self.input_ids[:bs].copy_(input_ids)
+        self.positions[:bs].copy_(positions)
+        self.hidden_states[:bs].copy_(hidden_states)
+        self.out_cache_loc[:bs].copy_(out_cache_loc)
+        if graph_bs > bs:
+            self.out_cache_loc[bs:graph_bs].zero_()
+        self.graphs[graph_bs].replay()
+        return self.outputs[graph_bs][:bs]
+
+    def _write(self, bs: int) -> torch.Tensor:
+        return self.write(
+            self.input_ids[:bs],
+            self.positions[:bs],
+            self.hidden_states[:bs],
+            self.out_cache_loc[:bs],
+        )
+
+
 class DraftCatchUp:
     """Writes the draft KV of the token a plain step decoded.
 
@@ -186,7 +288,10 @@ class DraftCatchUp:
     step: a one-token draft extend, the one upstream's 0-step adaptive tier runs.
     """
 
-    def __init__(self, draft_worker: EagleDraftWorker):
+    def __init__(self, worker: EAGLEWorkerV2, graph_bs: Optional[Sequence[int]]):
+        """graph_bs: the batch sizes to capture the KV-only write at (the
+        target's plain-decode graphs'), or None to run it eagerly."""
+        draft_worker = worker.draft_worker
         self.draft_worker = draft_worker
         draft_runner = draft_worker.draft_runner
         self.draft_runner = draft_runner
@@ -199,6 +304,7 @@ class DraftCatchUp:
         self.kv_only = plain_steps_write_kv_only(draft_runner.model)
         # Whether a KV-only step may have left draft inputs pending.
         self.resume_pending = False
+        self.kv_write_graphs: Optional[DraftKVWriteGraphs] = None
         if self.kv_only:
             self.pending_topk_p = torch.full((max_bs, self.topk), -1.0, device=device)
             self.pending_topk_index = torch.zeros(
@@ -209,6 +315,35 @@ class DraftCatchUp:
                 "Load-aware speculation: plain steps write the draft KV only; the "
                 "full draft forward runs once when speculation resumes.",
             )
+            if graph_bs:
+                self.kv_write_graphs = capture_accounted(
+                    worker,
+                    "load_aware_draft_kv_write",
+                    "draft KV-write",
+                    lambda: self._capture_kv_write_graphs(graph_bs),
+                )
+
+    def _capture_kv_write_graphs(self, graph_bs: Sequence[int]) -> DraftKVWriteGraphs:
+        draft_runner = self.draft_runner
+        model = draft_runner.model
+        graphs = DraftKVWriteGraphs(
+            functools.partial(
+                model.write_kv_cache_only,
+                token_to_kv_pool=draft_runner.token_to_kv_pool,
+            ),
+            graph_bs,
+            # The target's aux hidden states, as the draft's fc takes them.
+            hidden_size=model.model.fc.in_features,
+            dtype=model.model.fc.weight.dtype,
+            device=draft_runner.device,
+        )
+        with (
+            freeze_gc(draft_runner.server_args.enable_cudagraph_gc),
+            self.draft_context(),
+            graph_capture() as capture_context,
+        ):
+            graphs.capture(capture_context.stream)
+        return graphs
 
     @contextmanager
     def draft_context(self) -> Iterator[None]:
@@ -239,15 +374,29 @@ class DraftCatchUp:
             return self._forward(batch, hidden_states, next_token_ids)
         bs = len(batch.seq_lens)
         with self.draft_context():
-            hidden_states = self.draft_runner.model.write_kv_cache_only(
-                next_token_ids,
-                batch.seq_lens.to(torch.int64),
-                hidden_states,
-                batch.out_cache_loc,
-                self.draft_runner.token_to_kv_pool,
+            hidden_states = self._write_kv_only(
+                next_token_ids, batch.seq_lens, hidden_states, batch.out_cache_loc
             )
         self.resume_pending = True
         return self.pending_topk_p[:bs], self.pending_topk_index[:bs], hidden_states
+
+    def _write_kv_only(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+    ) -> torch.Tensor:
+        graphs = self.kv_write_graphs
+        if graphs is not None and graphs.can_run(len(input_ids)):
+            return graphs(input_ids, positions, hidden_states, out_cache_loc)
+        return self.draft_runner.model.write_kv_cache_only(
+            input_ids,
+            positions.to(torch.int64),
+            hidden_states,
+            out_cache_loc,
+            self.draft_runner.token_to_kv_pool,
+        )
 
     def resume(self, batch: ScheduleBatch) -> None:
         """Complete the draft input of a speculative step after KV-only plain steps.
@@ -319,7 +468,10 @@ class LoadAwarePlainStep:
     def __init__(self, worker: EAGLEWorkerV2):
         self.worker = worker
         self.target_decode_graphs = TargetDecodeGraphs(worker)
-        self.draft_catch_up = DraftCatchUp(worker.draft_worker)
+        graph_runner = self.target_decode_graphs.graph_runner
+        self.draft_catch_up = DraftCatchUp(
+            worker, graph_runner.capture_bs if graph_runner is not None else None
+        )
         max_bs = worker.req_to_token_pool.size
         self.accept_lens = torch.ones(max_bs, dtype=torch.int32, device=worker.device)
         # Called after every verify step with its draft step count and the drafts
