@@ -67,10 +67,12 @@ def check_on_gpu(port: int) -> None:
     config.draft_vocab_size = 500
     config.target_hidden_size = TARGET_HIDDEN
     torch.manual_seed(0)
-    model = LlamaForCausalLMEagle3(config)
+    # Built as the model loader builds it: default dtype and device set.
+    torch.set_default_dtype(dtype)
+    with torch.device("cuda"):
+        model = LlamaForCausalLMEagle3(config)
     for param in model.parameters():
         torch.nn.init.normal_(param, std=0.2)
-    model = model.to(device="cuda", dtype=dtype)
     assert model.can_write_kv_cache_only()
 
     def new_pool():
