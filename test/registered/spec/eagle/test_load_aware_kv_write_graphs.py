@@ -1,10 +1,11 @@
 """DraftKVWriteGraphs (load_aware.py) replays LlamaForCausalLMEagle3.write_kv_cache_only.
 
 A tiny one-layer EAGLE-3 head on the GPU writes the same tokens into two KV pools:
-eagerly into one, through the captured graphs into the other. Every slot but the
-padding slot 0 must end up the same in both, and the graphs must return the
-eager write's hidden states, at a captured batch size and at one that replays
-the next larger graph after a larger batch left its slots in the static buffers.
+eagerly into one, through the captured graphs into the other, both cleared before
+each batch. Every slot but the padding slot 0 must end up the same in both, and
+the graphs must return the eager write's hidden states, at a captured batch size
+and at one that replays the next larger graph after a larger batch left its
+slots in the static buffers.
 Runs in a child process (it initializes torch.distributed).
 """
 
@@ -90,6 +91,10 @@ def check_on_gpu(port: int) -> None:
     def pool_kv(pool):
         return pool.get_key_buffer(0).clone(), pool.get_value_buffer(0).clone()
 
+    def clear(pool):
+        pool.get_key_buffer(0).zero_()
+        pool.get_value_buffer(0).zero_()
+
     eager_pool, graph_pool = new_pool(), new_pool()
     graphs = DraftKVWriteGraphs(
         functools.partial(model.write_kv_cache_only, token_to_kv_pool=graph_pool),
@@ -106,6 +111,10 @@ def check_on_gpu(port: int) -> None:
 
         generator = torch.Generator(device="cuda").manual_seed(1)
         for bs in BATCHES:
+            # Cleared, so that a padding row writing the slot its previous batch
+            # left in the static buffers would show there.
+            clear(eager_pool)
+            clear(graph_pool)
             slots = 1 + torch.randperm(
                 NUM_SLOTS - 1, device="cuda", generator=generator
             )
