@@ -205,7 +205,7 @@ def plain_steps_write_kv_only(draft_model: torch.nn.Module) -> bool:
 class DraftKVWriteGraphs:
     """CUDA graphs of a KV-only draft write, one per batch size.
 
-    Eager, the write's ten small kernels cost more host time than GPU time, and
+    Eager, the write's ~10 small kernels cost more host time than GPU time, and
     at large batches a plain step is host-bound like a decode step without
     speculation. A batch between captured sizes replays the next larger graph;
     its padding rows write the KV pool's padding slot 0. The graphs have a
