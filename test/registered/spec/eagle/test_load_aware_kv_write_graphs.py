@@ -10,12 +10,12 @@ Runs in a child process (it initializes torch.distributed).
 """
 
 import functools
-import socket
 import subprocess
 import sys
 import unittest
 
 import pytest
+from sglang.srt.utils.network import get_free_port
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -147,16 +147,10 @@ def check_on_gpu(port: int) -> None:
     print("ok", flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class TestDraftKVWriteGraphs(CustomTestCase):
     def test_replays_write_what_the_eager_write_writes(self):
         child = subprocess.run(
-            [sys.executable, __file__, CHILD_ARG, str(free_port())],
+            [sys.executable, __file__, CHILD_ARG, str(get_free_port())],
             capture_output=True,
             text=True,
             timeout=600,

@@ -8,11 +8,11 @@ to the target's hidden states before fc (none, fc_norm, norm_before_fc, both).
 """
 
 import os
-import socket
 import subprocess
 import sys
 import unittest
 
+from sglang.srt.utils.network import get_free_port
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -191,17 +191,11 @@ def check_in_cpu_engine(port: int) -> None:
         assert torch.equal(full_k[1:], other_k[1:]), name
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class TestWriteKVCacheOnly(CustomTestCase):
     def test_writes_what_the_forward_writes(self):
         env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
         child = subprocess.run(
-            [sys.executable, __file__, CHILD_ARG, str(free_port())],
+            [sys.executable, __file__, CHILD_ARG, str(get_free_port())],
             env=env,
             capture_output=True,
             text=True,
