@@ -497,6 +497,10 @@ class LoadAwarePlainStep:
             batch.req_pool_indices, seq_lens.to(torch.int64)
         ].to(torch.int64)
         new_seq_lens = seq_lens + 1
+        if on_publish is not None:
+            # Before the forward: the next step's scheduling waits on this publish
+            # (its seq_lens D2H), and a plain step's lengths do not depend on it.
+            on_publish(new_seq_lens)
 
         # 1. Target: the decode forward and sampling of a server without
         # speculation, plus the hidden state of the new token for the draft.
@@ -514,8 +518,6 @@ class LoadAwarePlainStep:
                 batch, capture_hidden_mode=CaptureHiddenMode.FULL
             )
         self._hand_over_read_done_event()
-        if on_publish is not None:
-            on_publish(new_seq_lens)
 
         # 2. Draft KV catch-up at the same slots, and the next draft input.
         batch.seq_lens, batch.seq_lens_cpu = seq_lens, seq_lens_cpu

@@ -325,9 +325,9 @@ class PlainStepTestBase(TinyEagleTestCase):
         self.assertEqual(
             self.target.model_runner.decode_cuda_graph_runner, "verify-graphs"
         )
-        # Published once, after the target and before the draft catch-up.
+        # Published once, before the target: the next step's scheduling waits on it.
         self.assertEqual(published, [new_seq_lens])
-        self.assertEqual(self.events[:2], ["target", "publish"])
+        self.assertEqual(self.events[:2], ["publish", "target"])
         self.assertEqual(len(self.events), 3)
         # The scheduler's WAR barrier reads the draft runner's event; the target's
         # is consumed.
@@ -382,7 +382,7 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
     def test_forward(self):
         plain, batch, result, seq_lens, slots = self.step()
         self.assertFalse(plain.draft_catch_up.kv_only)
-        self.assertEqual(self.events, ["target", "publish", "draft"])
+        self.assertEqual(self.events, ["publish", "target", "draft"])
         # The draft forward reads req_to_token after the target's replay: the
         # barrier must not take the target's event for the step's.
         self.assertIsNone(self.draft_runner.war_fastpath_read_done_event)
@@ -416,7 +416,7 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
         self.run_forward(
             plain, batch, grammar_barrier=lambda: barriers.append(list(self.events))
         )
-        self.assertEqual(barriers, [[]])
+        self.assertEqual(barriers, [["publish"]])
         batch = self.decode_batch()
         self.run_forward(plain, batch, grammar_barrier=lambda: barriers.append(None))
         self.assertEqual(len(barriers), 1)  # no grammar in the batch
@@ -492,7 +492,7 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
     def test_forward_writes_the_draft_kv_only(self):
         plain, batch, result, seq_lens, slots = self.step()
         self.assertTrue(plain.draft_catch_up.kv_only)
-        self.assertEqual(self.events, ["target", "publish", "draft-kv"])
+        self.assertEqual(self.events, ["publish", "target", "draft-kv"])
         # Nothing after the target's replay reads shared buffers.
         self.assertIs(
             self.draft_runner.war_fastpath_read_done_event,
