@@ -10,7 +10,7 @@ from typing import Callable, List
 from sweep.bench_serving import bench_serving_at, run_bench_serving
 from sweep.client import PromptSource
 from sweep.configs import Config
-from sweep.server import decode_throughput, server_state, serving
+from sweep.server import decode_throughput, decode_windows, server_state, serving
 from sweep.workloads import (
     measure_decode_rate,
     measure_point,
@@ -25,10 +25,10 @@ def server_log_path(log_dir: str, name: str) -> str:
     return os.path.join(log_dir, f"{name}.log")
 
 
-def logged_decode_throughput(log_path: str, config: Config) -> List[dict]:
-    """The decode tok/s the config's server logged so far (decode_throughput)."""
+def logged_decode_windows(log_path: str, config: Config) -> List[dict]:
+    """The steady decode windows the config's server logged so far (decode_windows)."""
     with open(log_path, errors="replace") as log:
-        return decode_throughput(log, config.spec is not None)
+        return decode_windows(log, config.spec is not None)
 
 
 def run_config(
@@ -48,7 +48,9 @@ def run_config(
     log_path = server_log_path(log_dir, f"{config.name}{suffix}")
 
     def save_with_decode_throughput(record: dict) -> None:
-        record["decode_tok_s"] = logged_decode_throughput(log_path, config)
+        record["decode_tok_s"] = decode_throughput(
+            logged_decode_windows(log_path, config)
+        )
         save(record)
 
     warmup_concurrencies = [*args.concurrency, *args.ramp]
@@ -106,5 +108,7 @@ def run_decode_rate(
                     f"({capacity} tokens); lower --decode-output-len"
                 )
             section["points"].append(measure_decode_rate(args, config, prompts, batch))
-            section["decode_tok_s"] = logged_decode_throughput(log_path, config)
+            windows = logged_decode_windows(log_path, config)
+            section["decode_tok_s"] = decode_throughput(windows)
+            section["decode_windows"] = windows
             save({"config": config.name, "decode_rate": section})

@@ -196,17 +196,19 @@ def spec_step_share(config: Config, before: dict, after: dict) -> float:
 
 
 DECODE_LOG_LINE = re.compile(
-    r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+)"
+    # Hybrid pools log "#full token: N" (and the SWA / host pools after it).
+    r"Decode batch(?: \[\d+\])?, #running-req: (\d+), #(?:\w+ )?token: (\d+),.*"
+    r"gen throughput \(token/s\): ([\d.]+)"
 )
 SPEC_MODE_FIELD = re.compile(r"spec: (on|off)")
 
 
-def decode_throughput(log_lines: Iterable[str], speculative: bool) -> List[dict]:
-    """The decode throughput a server logged, per mode ("spec" or "plain") and
-    running batch size: the median over its steady log windows (--decode-log-interval
-    steps without a prefill, the same batch at both ends). Load-aware servers log
-    each window's mode."""
-    samples: Dict[Tuple[str, int], List[float]] = collections.defaultdict(list)
+def decode_windows(log_lines: Iterable[str], speculative: bool) -> List[dict]:
+    """The steady decode windows a server logged (--decode-log-interval steps without
+    a prefill, the same running batch at both ends), in log order: each one's mode
+    ("spec" or "plain"; load-aware servers log it), running batch, KV tokens in use
+    and decode tok/s."""
+    windows = []
     window_batch = None  # at the window's start; None: it started with a prefill
     for line in log_lines:
         if "Prefill batch" in line:
@@ -219,8 +221,24 @@ def decode_throughput(log_lines: Iterable[str], speculative: bool) -> List[dict]
         if batch == window_batch:
             field = SPEC_MODE_FIELD.search(line)
             spec = field.group(1) == "on" if field else speculative
-            samples["spec" if spec else "plain", batch].append(float(match.group(2)))
+            windows.append(
+                {
+                    "mode": "spec" if spec else "plain",
+                    "batch": batch,
+                    "tokens": int(match.group(2)),
+                    "tok_s": float(match.group(3)),
+                }
+            )
         window_batch = batch
+    return windows
+
+
+def decode_throughput(windows: Iterable[dict]) -> List[dict]:
+    """The median decode tok/s of steady windows (decode_windows), per mode and
+    running batch."""
+    samples: Dict[Tuple[str, int], List[float]] = collections.defaultdict(list)
+    for window in windows:
+        samples[window["mode"], window["batch"]].append(window["tok_s"])
     return [
         {"mode": mode, "batch": bs, "tok_s": statistics.median(v), "windows": len(v)}
         for (mode, bs), v in sorted(samples.items())

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import statistics
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Optional
 
 from sweep.client import RequestResult
 
@@ -61,3 +62,30 @@ def summarize(runs: List[Run]) -> Dict[str, Any]:
             else None
         ),
     }
+
+
+def rate_at_same_kv_tokens(
+    windows: List[dict], reference: List[dict], batch: int
+) -> Optional[float]:
+    """A config's plain decode rate over the reference's at the same running batch
+    and the same KV tokens in use, from steady server log windows (decode_windows):
+    the median, over the config's windows inside the reference's span, of the
+    reference's step time interpolated at their KV tokens over theirs. Medians over
+    whole runs compare windows at different sequence lengths (the two servers'
+    windows start at different offsets), and a step's time grows with them."""
+    ref = sorted(
+        (w["tokens"], batch / w["tok_s"])
+        for w in reference
+        if (w["mode"], w["batch"]) == ("plain", batch)
+    )
+    ratios = []
+    for w in windows:
+        if (w["mode"], w["batch"]) != ("plain", batch):
+            continue
+        i = bisect.bisect_left(ref, (w["tokens"],))
+        if not ref or i == len(ref) or (i == 0 and ref[0][0] != w["tokens"]):
+            continue
+        (t0, s0), (t1, s1) = ref[max(i - 1, 0)], ref[i]
+        ref_step = s1 if t1 == t0 else s0 + (s1 - s0) * (w["tokens"] - t0) / (t1 - t0)
+        ratios.append(ref_step / (batch / w["tok_s"]))
+    return statistics.median(ratios) if ratios else None

@@ -6,6 +6,7 @@ import collections
 from typing import Dict, List, Sequence
 
 from sweep.records import finished, steady_decode, swept_records
+from sweep.stats import rate_at_same_kv_tokens
 from sweep.targets import (
     TARGETS,
     load_aware_records,
@@ -203,6 +204,14 @@ def decode_rate_table(records: List[dict]) -> str:
         for p in r["decode_rate"]["points"]
     }
     batches = sorted({b for _, b in rate})
+    nospec_windows = next(
+        (
+            r["decode_rate"].get("decode_windows")
+            for r in measured
+            if r["config"] == "nospec"
+        ),
+        None,
+    )
     lines = table_head(["config", *(f"batch {b}" for b in batches)])
     for record in measured:
         section = record["decode_rate"]
@@ -221,10 +230,18 @@ def decode_rate_table(records: List[dict]) -> str:
             if ("nospec", b) in rate:
                 cell += f", {by_batch[b]['output_tok_s'] / rate['nospec', b]:.3f}x"
             if b in logged:
-                cell += f" (log {logged[b]:.0f})"
+                cell += f" (log {logged[b]:.0f}{same_kv_tokens_note(section, nospec_windows, b)})"
             cells.append(cell)
         lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def same_kv_tokens_note(section: dict, nospec_windows: List[dict], batch: int) -> str:
+    windows = section.get("decode_windows")
+    if not windows or not nospec_windows or windows is nospec_windows:
+        return ""
+    ratio = rate_at_same_kv_tokens(windows, nospec_windows, batch)
+    return "" if ratio is None else f", {ratio:.3f}x at nospec's KV tokens"
 
 
 def code_note(record: dict) -> str:

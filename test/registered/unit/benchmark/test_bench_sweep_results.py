@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -444,7 +445,17 @@ class TestBenchSweepResults(CustomTestCase):
             for b in (64, 128)
         ]
         decode = [{"mode": "plain", "batch": 64, "tok_s": speed * 63, "windows": 9}]
-        return {"server_args": [], "env": {}, "points": points, "decode_tok_s": decode}
+        windows = [
+            {"mode": "plain", "batch": 64, "tokens": t, "tok_s": speed * 63}
+            for t in (1000, 2000, 3000)
+        ]
+        return {
+            "server_args": [],
+            "env": {},
+            "points": points,
+            "decode_tok_s": decode,
+            "decode_windows": windows,
+        }
 
     def test_a_decode_rate_run_saves_its_section_of_the_record(self):
         saved, states = [], iter([{"memory_usage": {"token_capacity": 10**6}}])
@@ -479,6 +490,7 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(section["code"], {"sglang": "fork"})
             self.assertEqual((section["input_len"], section["output_len"]), (512, 1024))
             self.assertEqual(section["decode_tok_s"], [])
+            self.assertEqual(section["decode_windows"], [])
             states = iter([{"memory_usage": {"token_capacity": 64 * 1536 - 1}}])
             with self.assertRaisesRegex(RuntimeError, "do not fit in its KV cache"):
                 sweep.runs.run_decode_rate(
@@ -525,7 +537,8 @@ class TestBenchSweepResults(CustomTestCase):
             results = Path(out_dir, "results.md").read_text()
             self.assertIn("| config | batch 64 | batch 128 |", results)
             self.assertIn(
-                "| plain-topk1 | 6272 [6271-6273], 0.980x (log 6174) "
+                "| plain-topk1 | 6272 [6271-6273], 0.980x (log 6174, 0.980x at "
+                "nospec's KV tokens) "
                 "| 12544 [12543-12545], 0.980x |",
                 results,
             )
@@ -1523,8 +1536,9 @@ class TestBenchSweepResults(CustomTestCase):
         def decode(bs, tok_s, spec=None):
             mode = f"spec: {spec}, " if spec else ""
             return (
-                f"[t] Decode batch, #running-req: {bs}, #token: 9, token usage: 0.00, "
-                f"{mode}cuda graph: True, gen throughput (token/s): {tok_s}, #queue-req: 0"
+                f"[t] Decode batch, #running-req: {bs}, #token: {int(tok_s)}, token "
+                f"usage: 0.00, {mode}cuda graph: True, gen throughput (token/s): "
+                f"{tok_s}, #queue-req: 0"
             )
 
         prefill = "[t] Prefill batch, #new-seq: 1, #new-token: 512, #cached-token: 0"
@@ -1540,16 +1554,59 @@ class TestBenchSweepResults(CustomTestCase):
             decode(3, 90.0, spec="on"),
             decode(3, 80.0, spec="on"),
         ]
+        windows = sweep.server.decode_windows(log, speculative=True)
         self.assertEqual(
-            sweep.server.decode_throughput(log, speculative=True),
+            windows[:2],
+            [
+                {"mode": "spec", "batch": 4, "tokens": 100, "tok_s": 100.0},
+                {"mode": "spec", "batch": 4, "tokens": 300, "tok_s": 300.0},
+            ],
+        )
+        self.assertEqual(
+            sweep.server.decode_throughput(windows),
             [
                 {"mode": "plain", "batch": 3, "tok_s": 500.0, "windows": 1},
                 {"mode": "spec", "batch": 3, "tok_s": 90.0, "windows": 3},
                 {"mode": "spec", "batch": 4, "tok_s": 200.0, "windows": 2},
             ],
         )
-        modes = {d["mode"] for d in sweep.server.decode_throughput(log[:5], False)}
-        self.assertEqual(modes, {"plain"})
+        plain = sweep.server.decode_windows(log[:5], False)
+        self.assertEqual({d["mode"] for d in plain}, {"plain"})
+        hybrid = [
+            line.replace("#token:", "#full token:").replace("batch,", "batch [7],")
+            for line in log[:2]
+        ]
+        self.assertEqual(sweep.server.decode_windows(hybrid, True), windows[:1])
+
+    def test_decode_rate_at_the_same_kv_tokens(self):
+        def windows(step_s, tokens, mode="plain", batch=64):
+            return [
+                {"mode": mode, "batch": batch, "tokens": t, "tok_s": batch / step_s(t)}
+                for t in tokens
+            ]
+
+        def nospec_step(tokens):  # a step's time grows with the KV in use
+            return 0.007 + tokens * 1e-7
+
+        nospec = windows(nospec_step, range(10_000, 100_001, 10_000))
+        # Windows offset from nospec's, 1% slower at the same KV tokens: medians
+        # over whole runs put it ahead of nospec, at shorter sequences.
+        plain = windows(lambda t: nospec_step(t) * 1.01, range(5_000, 90_001, 10_000))
+        plain += windows(lambda t: 1.0, [10_000], mode="spec")
+        plain += windows(lambda t: 1.0, [10_000], batch=128)
+        self.assertGreater(
+            statistics.median(w["tok_s"] for w in plain[:9]),
+            statistics.median(w["tok_s"] for w in nospec),
+        )
+        self.assertAlmostEqual(
+            sweep.stats.rate_at_same_kv_tokens(plain, nospec, 64), 1 / 1.01
+        )
+        self.assertAlmostEqual(
+            sweep.stats.rate_at_same_kv_tokens(nospec, nospec, 64), 1
+        )
+        # Outside the reference's span, or at a batch it did not run: no answer.
+        self.assertIsNone(sweep.stats.rate_at_same_kv_tokens(plain[:1], nospec, 64))
+        self.assertIsNone(sweep.stats.rate_at_same_kv_tokens(plain, nospec, 128))
 
     def test_plain_step_cost_against_nospec_at_the_same_batch(self):
         nospec, load_aware = self.record("nospec", 100.0), self.record(
