@@ -7,8 +7,8 @@ a speculative step with s draft steps. With running batch b, mode m produces
 seconds; the policy picks the mode with the most tokens per second, with a margin and
 a dwell so that a batch at the crossover does not flip every step.
 
-* ``StepCosts``: ``T_m(b)`` per batch bucket, measured online from the decode steps
-  that run (steps with a prefill in them are not fed). Times measured while serving
+* ``StepCosts``: ``T_m(b)`` per batch bucket, the median of the last decode steps
+  timed there (steps with a prefill in them are not fed). Times measured while serving
   price attention at the context lengths actually served, which a replay of the
   captured graphs (at their capture-time lengths) would not.
 * ``AcceptanceEstimate``: ``E[accept length | m]`` observed over speculative steps
@@ -16,7 +16,7 @@ a dwell so that a batch at the crossover does not flip every step.
   per-token acceptance of a chain fitted to the ones that were
   (``E = 1 + p + ... + p^s``).
 * ``ThroughputPolicy``: the decision. A mode not timed yet at a bucket is run for a
-  few steps (calibration); after ``probe_interval`` steps in one mode the other runs
+  few steps (calibration, long enough for a median of several timed steps); after ``probe_interval`` steps in one mode the other runs
   for ``explore_steps`` (a probe), so that neither its time nor, while plain, the
   acceptance goes stale. Probes cost ``explore_steps / probe_interval`` of the steps
   (1.6% by default), each at the other mode's throughput. While plain at a batch where
@@ -36,6 +36,7 @@ import bisect
 import collections
 import json
 import logging
+import statistics
 import time
 from typing import (
     Callable,
@@ -91,35 +92,44 @@ def fit_chain_acceptance(accept_length: float, num_steps: int) -> float:
 
 class StepCosts:
     """Seconds of one decode step by mode and batch bucket (a batch costs what the
-    smallest bucket >= its size costs), measured online: a bucket's first sample sets
-    it, later ones move it by an EMA. Unmeasured entries are None until then."""
+    smallest bucket >= its size costs), measured online: a bucket's estimate is the
+    median of its last ``window`` samples. Step times are noisy upwards (a first
+    step at a new size, a host stall), so one slow sample must not set a bucket's
+    cost until the next probe, as it would as an EMA's first value. Unmeasured
+    entries are None until their first sample."""
 
     def __init__(
         self,
         profile: Dict[int, Dict[int, Optional[float]]],
-        ema_alpha: float = 0.05,
+        window: int = 8,
     ):
         """profile: {mode: {batch bucket: seconds or None}}, every mode at the same
-        buckets."""
+        buckets; a given time counts as the bucket's first sample."""
         sizes = {tuple(sorted(by_bs)) for by_bs in profile.values()}
         if len(sizes) != 1 or not next(iter(sizes)):
             raise ValueError("the step costs need every mode at the same batch sizes")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
         self.batch_sizes: List[int] = list(next(iter(sizes)))
-        self._seconds = {
-            mode: [by_bs[bs] for bs in self.batch_sizes]
+        self._samples: Dict[int, List[Deque[float]]] = {
+            mode: [
+                collections.deque(
+                    () if by_bs[bs] is None else (by_bs[bs],), maxlen=window
+                )
+                for bs in self.batch_sizes
+            ]
             for mode, by_bs in profile.items()
         }
-        self.ema_alpha = ema_alpha
 
     @classmethod
     def unmeasured(
-        cls, modes: Sequence[int], batch_sizes: Sequence[int], ema_alpha: float = 0.05
+        cls, modes: Sequence[int], batch_sizes: Sequence[int], window: int = 8
     ) -> "StepCosts":
-        return cls({m: dict.fromkeys(batch_sizes) for m in modes}, ema_alpha)
+        return cls({m: dict.fromkeys(batch_sizes) for m in modes}, window)
 
     @property
     def modes(self) -> List[int]:
-        return sorted(self._seconds)
+        return sorted(self._samples)
 
     def _index(self, batch_size: int) -> int:
         """The bucket a batch of this size is timed in (the largest beyond it)."""
@@ -129,11 +139,15 @@ class StepCosts:
     def bucket(self, batch_size: int) -> int:
         return self.batch_sizes[self._index(batch_size)]
 
+    def _seconds(self, mode: int, index: int) -> Optional[float]:
+        samples = self._samples[mode][index]
+        return statistics.median(samples) if samples else None
+
     def estimate(self, mode: int, batch_size: int) -> Optional[float]:
         """T_mode(batch_size), or None while its bucket is unmeasured; beyond the
         largest bucket, its time per request times the batch size."""
         i = self._index(batch_size)
-        seconds, bucket = self._seconds[mode][i], self.batch_sizes[i]
+        seconds, bucket = self._seconds(mode, i), self.batch_sizes[i]
         if seconds is None or batch_size <= bucket:
             return seconds
         return seconds * batch_size / bucket
@@ -142,19 +156,18 @@ class StepCosts:
         return self.estimate(mode, batch_size) is not None
 
     def observe(self, mode: int, batch_size: int, seconds: float) -> None:
-        """Fold the measured time of one decode step (no prefill in it) into its
-        bucket; batches beyond the largest bucket are not fed."""
+        """Add the measured time of one decode step (no prefill in it) to its
+        bucket's samples; batches beyond the largest bucket are not fed."""
         if batch_size > self.batch_sizes[-1]:
             return
-        row, i = self._seconds[mode], self._index(batch_size)
-        row[i] = (
-            seconds if row[i] is None else row[i] + self.ema_alpha * (seconds - row[i])
-        )
+        self._samples[mode][self._index(batch_size)].append(seconds)
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {
-            str(mode): dict(zip(self.batch_sizes, row))
-            for mode, row in sorted(self._seconds.items())
+            str(mode): {
+                bs: self._seconds(mode, i) for i, bs in enumerate(self.batch_sizes)
+            }
+            for mode in self.modes
         }
 
 
@@ -226,7 +239,7 @@ class ThroughputDecision(NamedTuple):
 class ThroughputPolicy:
     """Chooses each decode step's mode by expected output tokens per second.
 
-    A mode not yet timed at the batch's bucket is run for ``explore_steps`` steps
+    A mode not yet timed at the batch's bucket is run for ``calibrate_steps`` steps
     (``calibrate``), at most once per ``probe_interval`` steps while its time has not
     arrived; after ``probe_interval`` steps in one mode, the best other mode runs for
     ``explore_steps`` (``probe``), which keeps its time and, while plain, the
@@ -246,6 +259,7 @@ class ThroughputPolicy:
         min_dwell_steps: int = 8,
         probe_interval: int = 256,
         explore_steps: int = 4,
+        calibrate_steps: int = 5,
         max_probe_backoff: int = 2,
     ):
         if PLAIN not in costs.modes:
@@ -253,9 +267,11 @@ class ThroughputPolicy:
         missing = set(acceptance.step_counts) - set(costs.modes)
         if missing:
             raise ValueError(f"no step costs for draft step counts {sorted(missing)}")
-        if margin < 0 or min_dwell_steps < 0 or probe_interval < 1 or explore_steps < 1:
+        if margin < 0 or min_dwell_steps < 0:
+            raise ValueError("margin and dwell must be >= 0")
+        if min(probe_interval, explore_steps, calibrate_steps) < 1:
             raise ValueError(
-                "margin and dwell must be >= 0, probe_interval and explore_steps >= 1"
+                "probe_interval, explore_steps and calibrate_steps must be >= 1"
             )
         if max_probe_backoff < 1:
             raise ValueError("max_probe_backoff must be >= 1")
@@ -265,6 +281,7 @@ class ThroughputPolicy:
         self.min_dwell_steps = min_dwell_steps
         self.probe_interval = probe_interval
         self.explore_steps = explore_steps
+        self.calibrate_steps = calibrate_steps
         self.max_probe_interval = probe_interval * max_probe_backoff
         self.modes = [PLAIN] + [s for s in acceptance.step_counts if s != PLAIN]
 
@@ -356,7 +373,9 @@ class ThroughputPolicy:
             if other != mode and rates[other] is None and due:
                 self._calibrated_at[(other, bucket)] = self._num_decisions
                 self.num_calibrations += 1
-                return self._start_exploring(other, REASON_CALIBRATE)
+                return self._start_exploring(
+                    other, REASON_CALIBRATE, self.calibrate_steps
+                )
         if self._steps_since_explore + 1 < self._probe_interval_now:
             return None
         others = [m for m in self.modes if m != mode]
@@ -368,7 +387,7 @@ class ThroughputPolicy:
             )
         else:
             self._probe_interval_now = self.probe_interval
-        return self._start_exploring(other, REASON_PROBE)
+        return self._start_exploring(other, REASON_PROBE, self.explore_steps)
 
     def _speculation_could_pay(
         self, batch_size: int, plain_rate: Optional[float]
@@ -386,9 +405,9 @@ class ThroughputPolicy:
                 return True
         return False
 
-    def _start_exploring(self, mode: int, reason: str) -> Tuple[int, str]:
+    def _start_exploring(self, mode: int, reason: str, steps: int) -> Tuple[int, str]:
         self._exploring = (mode, reason)
-        self._explore_left = self.explore_steps - 1
+        self._explore_left = steps - 1
         return self._exploring
 
     def _advance(self, mode: int, chosen: int, toggled: bool) -> None:
@@ -432,6 +451,7 @@ class ThroughputPolicy:
             "min_dwell_steps": self.min_dwell_steps,
             "probe_interval": self._probe_interval_now,
             "explore_steps": self.explore_steps,
+            "calibrate_steps": self.calibrate_steps,
         }
 
 
@@ -483,21 +503,19 @@ class DecodeStepTimer:
 
 
 class PendingObservations:
-    """What the decode steps observed since the last fold: summed step times per
-    (mode, bucket) and committed tokens per step count. With TP, ``reduce`` adds up
-    the ranks' sums before every rank folds the same totals into its policy."""
+    """What the decode steps observed since the last fold: step times per (mode,
+    bucket) and committed tokens per step count. With TP, ``reduce`` adds up the
+    ranks' sums before every rank folds the same totals into its policy."""
 
     def __init__(self, modes: Sequence[int], batch_sizes: Sequence[int]):
         # Every rank flattens its sums in this order for the reduce.
         self._time_keys = [(m, bs) for m in modes for bs in batch_sizes]
         self._modes = list(modes)
-        self._times: Dict[Tuple[int, int], List[float]] = {}  # [seconds, steps]
+        self._times: Dict[Tuple[int, int], List[float]] = {}
         self._verifies: Dict[int, List[float]] = {}  # [tokens, requests]
 
     def add_step_time(self, num_steps: int, bucket: int, seconds: float) -> None:
-        total = self._times.setdefault((num_steps, bucket), [0.0, 0.0])
-        total[0] += seconds
-        total[1] += 1
+        self._times.setdefault((num_steps, bucket), []).append(seconds)
 
     def add_verify(self, num_steps: int, num_tokens: int, num_requests: int) -> None:
         total = self._verifies.setdefault(num_steps, [0.0, 0.0])
@@ -509,32 +527,41 @@ class PendingObservations:
         policy: ThroughputPolicy,
         reduce: Optional[Callable[[List[float]], List[float]]] = None,
     ) -> None:
-        """Feed the (rank-summed) observations to the policy: one mean step time
-        per (mode, bucket), one acceptance sample per step count."""
+        """Feed the observations to the policy: per (mode, bucket) the median step
+        time (the mean of the ranks' medians with TP), one acceptance sample per
+        step count (summed over the ranks)."""
+        medians = {
+            key: [statistics.median(times), 1.0] for key, times in self._times.items()
+        }
         if reduce is not None:
-            self._sum_over_ranks(reduce)
-        for (mode, bucket), (seconds, steps) in self._times.items():
-            if steps > 0:
-                policy.costs.observe(mode, bucket, seconds / steps)
+            medians = self._sum_over_ranks(medians, reduce)
+        for (mode, bucket), (seconds, ranks) in medians.items():
+            if ranks > 0:
+                policy.costs.observe(mode, bucket, seconds / ranks)
         for mode, (tokens, requests) in self._verifies.items():
             policy.acceptance.observe(mode, tokens, requests)
         self._times.clear()
         self._verifies.clear()
 
-    def _sum_over_ranks(self, reduce: Callable[[List[float]], List[float]]) -> None:
+    def _sum_over_ranks(
+        self,
+        medians: Dict[Tuple[int, int], List[float]],
+        reduce: Callable[[List[float]], List[float]],
+    ) -> Dict[Tuple[int, int], List[float]]:
         zero = (0.0, 0.0)
         flat = [
             x
             for totals, keys in (
-                (self._times, self._time_keys),
+                (medians, self._time_keys),
                 (self._verifies, self._modes),
             )
             for key in keys
             for x in totals.get(key, zero)
         ]
         summed = iter(reduce(flat))
-        self._times = {key: [next(summed), next(summed)] for key in self._time_keys}
+        summed_medians = {key: [next(summed), next(summed)] for key in self._time_keys}
         self._verifies = {mode: [next(summed), next(summed)] for mode in self._modes}
+        return summed_medians
 
 
 class StepTrace:

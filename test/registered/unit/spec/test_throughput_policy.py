@@ -103,14 +103,14 @@ class TestStepCosts(CustomTestCase):
         self.assertAlmostEqual(costs().estimate(PLAIN, 512), 0.070)
 
     def test_online_refinement_moves_only_its_bucket(self):
-        table = costs(ema_alpha=0.5)
+        table = costs()
         table.observe(PLAIN, 20, 0.021)
         self.assertAlmostEqual(table.estimate(PLAIN, 32), 0.017)
         self.assertEqual(table.estimate(PLAIN, 64), 0.016)
         self.assertEqual(table.estimate(3, 32), 0.028)
 
     def test_unmeasured_until_the_first_sample_sets_it(self):
-        table = StepCosts.unmeasured([PLAIN, 3], [1, 8, 64], ema_alpha=0.5)
+        table = StepCosts.unmeasured([PLAIN, 3], [1, 8, 64])
         self.assertFalse(table.measured(PLAIN, 5))
         self.assertIsNone(table.estimate(PLAIN, 5))
         table.observe(PLAIN, 5, 0.012)
@@ -122,9 +122,23 @@ class TestStepCosts(CustomTestCase):
         self.assertEqual(table.bucket(100), 64)
 
     def test_eager_batches_beyond_the_graphs_are_not_fed(self):
-        table = costs(ema_alpha=1.0)
+        table = costs()
         table.observe(PLAIN, 300, 1.0)
         self.assertEqual(table.estimate(PLAIN, 256), 0.035)
+
+    def test_one_slow_sample_does_not_set_the_cost(self):
+        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
+        for seconds in (0.092, 0.0135, 0.0153):
+            table.observe(PLAIN, 128, seconds)
+        self.assertEqual(table.estimate(PLAIN, 128), 0.0153)
+
+    def test_the_cost_follows_the_last_samples(self):
+        table = StepCosts.unmeasured([PLAIN, 3], SIZES, window=3)
+        for seconds in (0.010, 0.011, 0.012, 0.020, 0.021):
+            table.observe(PLAIN, 64, seconds)
+        self.assertEqual(table.estimate(PLAIN, 64), 0.020)
+        with self.assertRaises(ValueError):
+            StepCosts.unmeasured([PLAIN, 3], SIZES, window=0)
 
     def test_profile_needs_every_mode_at_the_same_sizes(self):
         with self.assertRaises(ValueError):
@@ -252,7 +266,7 @@ class TestThroughputPolicy(CustomTestCase):
             costs,
             AcceptanceEstimate([3], {3: 2.952}),
             min_dwell_steps=0,
-            explore_steps=3,
+            calibrate_steps=3,
             probe_interval=1000,
         )
         first = p.decide(256)  # neither timed: plain is calibrated, spec holds
@@ -375,7 +389,7 @@ class TestThroughputSpecPolicy(CustomTestCase):
             mode = PLAIN if plain else batch.spec_num_steps or 3
             chosen.append(mode if policy.sets_step_count else plain)
             clock["forward"] += 1
-            clock["t"] += seconds[mode]
+            clock["t"] += seconds(mode) if callable(seconds) else seconds[mode]
             batch.forward_iter, batch.launch_ts = clock["forward"], clock["t"]
             if not plain:
                 accepted = (
@@ -402,6 +416,27 @@ class TestThroughputSpecPolicy(CustomTestCase):
         self.assertLess(state["expected_gain"], 0)
         self.assertGreater(policy.step_counts[("plain", "best_throughput")], 40)
         self.assertGreaterEqual(policy.num_toggles, 1)
+
+    def test_a_slow_first_plain_step_does_not_keep_it_speculating(self):
+        """Batch 128 as a decode-rate run met it: the first timed plain step took
+        92 ms, later ones 13.5 ms, a speculative step 60 ms for 4 tokens per
+        request. The calibration's median is the plain step's cost, so the policy
+        goes plain at once rather than after the slow sample has decayed."""
+        policy = self.spec_policy()
+        plain_launches = []
+
+        def seconds(mode):
+            if mode != PLAIN:
+                return 0.060
+            plain_launches.append(mode)
+            return 0.092 if len(plain_launches) == 3 else 0.0135
+
+        clock = {"forward": 0, "t": 0.0}
+        steps = self.run_steps(policy, 128, 60, seconds, 4, clock)
+        self.assertNotIn(False, steps[-40:])  # all plain
+        self.assertAlmostEqual(
+            policy.get_state()["step_costs_seconds"]["0"][128], 0.0135
+        )
 
     def test_chooses_among_the_adaptive_step_counts(self):
         """With --speculative-adaptive: plain, 1 or 3 draft steps, whichever the
