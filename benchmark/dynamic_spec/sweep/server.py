@@ -186,9 +186,14 @@ def server_state(url: str) -> dict:
     return requests.get(f"{url}/server_info", timeout=30).json()["internal_states"][0]
 
 
-def spec_step_share(config: Config, before: dict, after: dict) -> float:
+def spec_step_share(config: Config, before: dict, after: dict) -> Optional[float]:
+    """The share of decode steps that speculated; None where the server does not
+    count them (--speculative-adaptive without a load-aware policy: its tiers may
+    choose 0 draft steps)."""
     if not config.load_aware:
-        return 0.0 if config.spec is None else 1.0
+        if config.spec is None:
+            return 0.0
+        return None if "--speculative-adaptive" in config.extra_args else 1.0
     b, a = before["load_aware_speculation"], after["load_aware_speculation"]
     spec = a["num_spec_steps"] - b["num_spec_steps"]
     plain = a["num_plain_steps"] - b["num_plain_steps"]

@@ -73,7 +73,10 @@ def rate_with_spread(measured: dict) -> str:
 
 
 def markdown_cell(point: dict) -> str:
-    return f"{rate_with_spread(point)} ({point['spec_step_share']:.0%} spec)"
+    share = point["spec_step_share"]
+    if share is None:
+        return rate_with_spread(point)
+    return f"{rate_with_spread(point)} ({share:.0%} spec)"
 
 
 def table_head(columns: Sequence[str]) -> List[str]:
@@ -114,7 +117,8 @@ def markdown_table(records: List[dict]) -> str:
     return (
         "\n".join(lines)
         + "\n\nCells: output tok/s, median of the repeats [min-max] (share of decode"
-        + " steps that speculated); -: not measured (a run cut off).\n"
+        + " steps that speculated, where the server counts it); -: not measured (a run"
+        + " cut off).\n"
         + repeated_prompts_note(records)
         + content_shift_table(records)
     )

@@ -1298,6 +1298,12 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(
             sweep.server.spec_step_share(configs["eagle3-topk4"], {}, {}), 1.0
         )
+        # The adaptive tiers may run 0 draft steps: not counted, not shown.
+        self.assertIsNone(
+            sweep.server.spec_step_share(configs["adaptive-topk1"], {}, {})
+        )
+        point = {"output_tok_s": 702.0, "spec_step_share": None}
+        self.assertEqual(sweep.tables.markdown_cell(point), "702")
 
     def record(self, name: str, speed: float, commit: str = "abc") -> dict:
         points = [
