@@ -56,6 +56,7 @@ def summarize(runs: List[Run]) -> Dict[str, Any]:
         "tpot_p50_ms": 1000 * percentile(tpots, 0.5),
         "tpot_p99_ms": 1000 * percentile(tpots, 0.99),
         "ttft_p50_ms": 1000 * percentile([r.ttft for r in results], 0.5),
+        "ttft_p99_ms": 1000 * percentile([r.ttft for r in results], 0.99),
         "accept_length": (
             (verify + sum(r.correct_drafts for r in results)) / verify
             if verify
