@@ -16,10 +16,11 @@ a dwell so that a batch at the crossover does not flip every step.
   per-token acceptance of a chain fitted to the ones that were
   (``E = 1 + p + ... + p^s``).
 * ``ThroughputPolicy``: the decision. A mode not timed yet at a bucket is run for a
-  few steps (calibration, long enough for a median of several timed steps); after ``probe_interval`` steps in one mode the other runs
-  for ``explore_steps`` (a probe), so that neither its time nor, while plain, the
-  acceptance goes stale. Probes cost ``explore_steps / probe_interval`` of the steps
-  (1.6% by default), each at the other mode's throughput. While plain at a batch where
+  few steps (calibration, long enough for a median of several timed steps); after
+  ``probe_interval`` steps in one mode the other runs for ``explore_steps`` (a probe),
+  so that neither its time nor, while plain, the acceptance goes stale. Probes cost
+  ``explore_steps / probe_interval`` of the steps (1.6% by default), each at the
+  other mode's throughput. While plain at a batch where
   speculation would not pay even at the best acceptance seen so far, the interval
   doubles at each probe, up to ``max_probe_backoff`` times itself (0.8% by default).
 * ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
@@ -120,6 +121,11 @@ class StepCosts:
             ]
             for mode, by_bs in profile.items()
         }
+        # The samples' medians, kept as they arrive: estimate runs every step.
+        self._seconds: Dict[int, List[Optional[float]]] = {
+            mode: [by_bs[bs] for bs in self.batch_sizes]
+            for mode, by_bs in profile.items()
+        }
 
     @classmethod
     def unmeasured(
@@ -139,15 +145,11 @@ class StepCosts:
     def bucket(self, batch_size: int) -> int:
         return self.batch_sizes[self._index(batch_size)]
 
-    def _seconds(self, mode: int, index: int) -> Optional[float]:
-        samples = self._samples[mode][index]
-        return statistics.median(samples) if samples else None
-
     def estimate(self, mode: int, batch_size: int) -> Optional[float]:
         """T_mode(batch_size), or None while its bucket is unmeasured; beyond the
         largest bucket, its time per request times the batch size."""
         i = self._index(batch_size)
-        seconds, bucket = self._seconds(mode, i), self.batch_sizes[i]
+        seconds, bucket = self._seconds[mode][i], self.batch_sizes[i]
         if seconds is None or batch_size <= bucket:
             return seconds
         return seconds * batch_size / bucket
@@ -160,14 +162,15 @@ class StepCosts:
         bucket's samples; batches beyond the largest bucket are not fed."""
         if batch_size > self.batch_sizes[-1]:
             return
-        self._samples[mode][self._index(batch_size)].append(seconds)
+        i = self._index(batch_size)
+        samples = self._samples[mode][i]
+        samples.append(seconds)
+        self._seconds[mode][i] = statistics.median(samples)
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {
-            str(mode): {
-                bs: self._seconds(mode, i) for i, bs in enumerate(self.batch_sizes)
-            }
-            for mode in self.modes
+            str(mode): dict(zip(self.batch_sizes, row))
+            for mode, row in sorted(self._seconds.items())
         }
 
 
@@ -505,7 +508,8 @@ class DecodeStepTimer:
 class PendingObservations:
     """What the decode steps observed since the last fold: step times per (mode,
     bucket) and committed tokens per step count. With TP, ``reduce`` adds up the
-    ranks' sums before every rank folds the same totals into its policy."""
+    ranks' per-fold medians and sums before every rank folds the same totals into
+    its policy."""
 
     def __init__(self, modes: Sequence[int], batch_sizes: Sequence[int]):
         # Every rank flattens its sums in this order for the reduce.
@@ -533,12 +537,13 @@ class PendingObservations:
         medians = {
             key: [statistics.median(times), 1.0] for key, times in self._times.items()
         }
+        verifies = self._verifies
         if reduce is not None:
-            medians = self._sum_over_ranks(medians, reduce)
+            medians, verifies = self._sum_over_ranks(medians, verifies, reduce)
         for (mode, bucket), (seconds, ranks) in medians.items():
             if ranks > 0:
                 policy.costs.observe(mode, bucket, seconds / ranks)
-        for mode, (tokens, requests) in self._verifies.items():
+        for mode, (tokens, requests) in verifies.items():
             policy.acceptance.observe(mode, tokens, requests)
         self._times.clear()
         self._verifies.clear()
@@ -546,22 +551,21 @@ class PendingObservations:
     def _sum_over_ranks(
         self,
         medians: Dict[Tuple[int, int], List[float]],
+        verifies: Dict[int, List[float]],
         reduce: Callable[[List[float]], List[float]],
-    ) -> Dict[Tuple[int, int], List[float]]:
+    ) -> Tuple[Dict[Tuple[int, int], List[float]], Dict[int, List[float]]]:
         zero = (0.0, 0.0)
         flat = [
             x
-            for totals, keys in (
-                (medians, self._time_keys),
-                (self._verifies, self._modes),
-            )
+            for totals, keys in ((medians, self._time_keys), (verifies, self._modes))
             for key in keys
             for x in totals.get(key, zero)
         ]
         summed = iter(reduce(flat))
-        summed_medians = {key: [next(summed), next(summed)] for key in self._time_keys}
-        self._verifies = {mode: [next(summed), next(summed)] for mode in self._modes}
-        return summed_medians
+        return (
+            {key: [next(summed), next(summed)] for key in self._time_keys},
+            {mode: [next(summed), next(summed)] for mode in self._modes},
+        )
 
 
 class StepTrace:
