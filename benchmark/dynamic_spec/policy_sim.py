@@ -1,24 +1,24 @@
 """Replay a decode workload through load-aware policies offline; report output tokens/s.
 
-The environment is what a GPU measured: the seconds of one decode step per mode (0: plain,
-s: s draft steps) and captured batch size, and the acceptance over time. It comes from a
-trace of a real run (``--trace``: the JSON lines an ``auto`` server writes with
+The environment is what a GPU measured: the seconds of one decode step per mode (0:
+plain, s: s draft steps) and captured batch size, and the acceptance over time. It comes
+from a trace of a real run (``--trace``: the JSON lines an ``auto`` server writes with
 ``SGLANG_LOAD_AWARE_STEP_TRACE=PATH``, its timed decode steps ``{"batch_size",
-"num_steps", "seconds"}``, its verifies ``{"num_steps", "num_tokens",
-"num_requests"}`` and its decisions ``{"decision", "reason", "batch_size", "t"}``),
-whose steps give the cost table (median per mode and batch bucket), whose verifies
-the acceptance timeline and whose decisions what switching cost (printed), or
-from a cost table and an acceptance schedule given directly (``--costs``,
-``--accept``). The workload is a sequence of phases of a
-running batch size held for a time, as a closed loop at a concurrency holds it
-(``--phases 1x2,32x4,...``: batch 1 for 2 s, then 32 for 4 s; or the trace's own
-timeline): every policy runs each phase for the same time, so the tokens/s compare
-like the phases of a benchmark's ramp.
+"num_steps", "seconds"}``, its verifies ``{"num_steps", "num_tokens", "num_requests"}``
+and its decisions ``{"decision", "reason", "batch_size", "t"}``), whose steps give the
+cost table (median per mode and batch bucket), whose verifies the acceptance timeline
+and whose decisions what switching cost (printed), or from a cost table and an
+acceptance schedule given directly (``--costs``, ``--accept``). The workload is a
+sequence of phases of a running batch size held for a time, as a closed loop at a
+concurrency holds it (``--phases 1x2,32x4,...``: batch 1 for 2 s, then 32 for 4 s; or
+the trace's own timeline): every policy runs each phase for the same time, so the
+tokens/s compare like the phases of a benchmark's ramp.
 
 Policies: ``nospec``, ``always`` (the largest step count), ``threshold:N`` (the fixed
-thresholds, spec_policy.SpecPolicy) and ``auto`` (throughput_policy.ThroughputPolicy as
-the server runs it: step times and acceptance learned only from the steps it runs,
-unmeasured modes calibrated, the other mode probed).
+thresholds, spec_policy.SpecPolicy) and ``auto`` (the server's
+throughput_policy.ThroughputPolicy, fed every step: step times and acceptance learned
+only from the steps it runs, unmeasured modes calibrated, the other mode probed; the
+server's step timer and its folds over TP ranks are not simulated).
 
     python benchmark/dynamic_spec/policy_sim.py --trace run.jsonl \\
         --policies nospec,always,threshold:32,threshold:64,auto
@@ -252,7 +252,9 @@ class _Auto:
     def decide(self, batch_size: int) -> int:
         return self.policy.decide(batch_size).num_steps
 
-    def observe(self, num_steps, batch_size, num_tokens, seconds) -> None:
+    def observe(
+        self, num_steps: int, batch_size: int, num_tokens: float, seconds: float
+    ) -> None:
         self.policy.observe(num_steps, batch_size, num_tokens, seconds)
 
 
@@ -349,9 +351,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     best_static = max(static)
     print(f"{'policy':<16} {'tok/s':>10} {'x best static':>14} {'spec steps':>11}")
     for spec, r in results.items():
+        rate = r["tokens_per_second"]
         print(
-            f"{spec:<16} {r['tokens_per_second']:>10.1f} "
-            f"{r['tokens_per_second'] / best_static:>14.3f} {r['spec_step_share']:>11.2f}"
+            f"{spec:<16} {rate:>10.1f} {rate / best_static:>14.3f} "
+            f"{r['spec_step_share']:>11.2f}"
         )
 
 

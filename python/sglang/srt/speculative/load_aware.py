@@ -488,7 +488,8 @@ class LoadAwarePlainStep:
         on_publish: Optional[Callable[[torch.Tensor], None]] = None,
         grammar_barrier: Optional[Callable[[], None]] = None,
     ) -> GenerationBatchResult:
-        """Run one plain decode step; ``batch.spec_info`` is the resolved draft input."""
+        """Run one plain decode step; ``batch.spec_info`` is the resolved draft
+        input."""
         worker = self.worker
         draft_input: EagleDraftInput = batch.spec_info
         seq_lens = batch.seq_lens  # [bs], before this step's token

@@ -27,7 +27,9 @@ memory check, so that the step's KV reservation follows it
 (``decode_kv_reserve``). Its inputs (the sequence of batch sizes, and the
 adaptive tiers, which move with the acceptance every rank observes) are
 identical on every TP rank, so every rank reaches the same decision without
-any communication.
+any communication. ``auto`` also needs the step times, which differ between
+ranks: it sums them over the ranks (a CPU all-reduce every ``AUTO_FOLD_INTERVAL``
+decode steps) before deciding from them.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ from sglang.srt.speculative.throughput_policy import (
     PLAIN,
     StepTrace,
     ThroughputSpecPolicy,
+    log_toggle,
+    mark_plain_step,
+    steps_by_reason,
 )
 
 if TYPE_CHECKING:
@@ -191,10 +196,8 @@ class SpecPolicy:
 
         toggled = speculate != self._speculating
         if toggled:
-            # One line per switch and rank: with TP, the ranks' lines must agree.
-            logger.info(
-                "Load-aware speculation: %s from decode step %d (running batch %d, %s).",
-                "speculative" if speculate else "plain",
+            log_toggle(
+                speculate,
                 self.num_spec_steps + self.num_plain_steps,
                 batch_size,
                 reason,
@@ -209,7 +212,7 @@ class SpecPolicy:
         self.step_counts[key] = self.step_counts.get(key, 0) + 1
         return SpecDecision(speculate=speculate, reason=reason, toggled=toggled)
 
-    def _decide_by_thresholds(self, batch_size: int):
+    def _decide_by_thresholds(self, batch_size: int) -> Tuple[bool, str]:
         if self.disable_batch_threshold is None:
             return True, REASON_LOW_LOAD
         if batch_size >= self.disable_batch_threshold:
@@ -228,8 +231,7 @@ class SpecPolicy:
 
     def plan_decode_step(self, batch: ScheduleBatch) -> None:
         """Decide the mode of ``batch``'s next decode step (before its memory check)."""
-        batch.spec_prev_plain_step = batch.spec_plain_step
-        batch.spec_plain_step = not self.decide(batch.batch_size()).speculate
+        mark_plain_step(batch, not self.decide(batch.batch_size()).speculate)
 
     def get_state(self) -> Dict[str, Any]:
         """A snapshot for /server_info, metrics and logs."""
@@ -242,9 +244,7 @@ class SpecPolicy:
             "enable_batch_threshold": self.enable_batch_threshold,
             "min_dwell_steps": self.min_dwell_steps,
             "adaptive_zero_draft_steps": self.zero_draft_steps is not None,
-            "steps_by_reason": {
-                f"{mode}/{reason}": n for (mode, reason), n in self.step_counts.items()
-            },
+            "steps_by_reason": steps_by_reason(self.step_counts),
         }
 
 
@@ -271,7 +271,9 @@ def throughput_spec_policy(
     """The ``auto`` policy of a server whose worker runs plain steps, choosing
     among the plain step and the speculative step counts the worker captured (the
     adaptive controller's candidates, or ``--speculative-num-steps``); its step
-    times are summed over the TP ranks every ``AUTO_FOLD_INTERVAL`` decode steps."""
+    times are folded over the TP ranks every ``AUTO_FOLD_INTERVAL`` decode steps
+    (the mean of the ranks' medians); its largest batch bucket covers the running
+    batch the target's model runner allows."""
     tp_size = server_args.tp_size
     initial_steps = server_args.speculative_num_steps
     candidates = adaptive.candidate_steps if adaptive is not None else [initial_steps]
@@ -285,11 +287,12 @@ def throughput_spec_policy(
         initial_steps = max(speculative_steps)
     if adaptive is not None:
         adaptive.choose_steps_externally()
+    target_runner = plain_step.worker.target_worker.model_runner
     policy = ThroughputSpecPolicy(
         speculative_steps=speculative_steps,
         initial_steps=initial_steps,
         sets_step_count=adaptive is not None,
-        max_batch_size=server_args.max_running_requests or MAX_AUTO_BATCH_BUCKET,
+        max_batch_size=target_runner.max_running_requests,
         min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
         reduce=tp_sum if tp_size > 1 else None,
         fold_interval=AUTO_FOLD_INTERVAL if tp_size > 1 else 1,
@@ -315,8 +318,6 @@ def step_trace(tp_size: int) -> Optional[StepTrace]:
 # Decode steps between two sums of the step times over TP ranks (one CPU
 # all-reduce each); a single rank folds every step.
 AUTO_FOLD_INTERVAL = 16
-# The largest batch bucket of ``auto`` without --max-running-requests.
-MAX_AUTO_BATCH_BUCKET = 1024
 
 
 def tp_sum(values: List[float]) -> List[float]:

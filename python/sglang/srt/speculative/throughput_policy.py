@@ -7,8 +7,9 @@ a speculative step with s draft steps. With running batch b, mode m produces
 seconds; the policy picks the mode with the most tokens per second, with a margin and
 a dwell so that a batch at the crossover does not flip every step.
 
-* ``StepCosts``: ``T_m(b)`` per batch bucket, the median of the last decode steps
-  timed there (steps with a prefill in them are not fed). Times measured while serving
+* ``StepCosts``: ``T_m(b)`` per batch bucket, the median of the last samples there:
+  decode steps timed alone (steps with a prefill in them are not fed), or with TP
+  the ranks' mean of their medians over a fold. Times measured while serving
   price attention at the context lengths actually served, which a replay of the
   captured graphs (at their capture-time lengths) would not.
 * ``AcceptanceEstimate``: ``E[accept length | m]`` observed over speculative steps
@@ -40,6 +41,7 @@ import logging
 import statistics
 import time
 from typing import (
+    TYPE_CHECKING,
     Callable,
     Deque,
     Dict,
@@ -51,6 +53,9 @@ from typing import (
     Union,
 )
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
 logger = logging.getLogger(__name__)
 
 # --speculative-disable-batch-threshold auto
@@ -61,14 +66,8 @@ REASON_BEST = "best_throughput"  # the mode with the best expected tokens/s
 REASON_MARGIN = "within_margin"  # another mode is better, but not by the margin
 REASON_DWELL = "dwell"  # another mode is better, but the dwell has not elapsed
 REASON_PROBE = "probe"  # another mode's step, refreshing its time and acceptance
-REASON_CALIBRATE = "calibrate"  # a mode's first steps at a batch size: its time
-THROUGHPUT_REASONS = (
-    REASON_BEST,
-    REASON_MARGIN,
-    REASON_DWELL,
-    REASON_PROBE,
-    REASON_CALIBRATE,
-)
+# A mode's first steps at a batch size, and the steps while a mode there is untimed.
+REASON_CALIBRATE = "calibrate"
 
 
 def chain_accept_length(p: float, num_steps: int) -> float:
@@ -95,9 +94,8 @@ class StepCosts:
     """Seconds of one decode step by mode and batch bucket (a batch costs what the
     smallest bucket >= its size costs), measured online: a bucket's estimate is the
     median of its last ``window`` samples. Step times are noisy upwards (a first
-    step at a new size, a host stall), so one slow sample must not set a bucket's
-    cost until the next probe, as it would as an EMA's first value. Unmeasured
-    entries are None until their first sample."""
+    step at a new size, a host stall): the median keeps one slow step from setting
+    a bucket's cost. Unmeasured entries are None until their first sample."""
 
     def __init__(
         self,
@@ -185,7 +183,7 @@ class AcceptanceEstimate:
     ):
         """prior_accept_length: for at least one step count, what to expect before a
         speculative step has been observed (1.0: speculation must earn its place);
-        the first observation of a step count replaces it."""
+        the first observation of any step count replaces it for all of them."""
         if not prior_accept_length:
             raise ValueError("the acceptance estimate needs a prior")
         self.step_counts = sorted(step_counts)
@@ -195,7 +193,7 @@ class AcceptanceEstimate:
         # The highest estimate each observed step count has had.
         self._best: Dict[int, float] = {}
 
-    def observe(self, num_steps: int, num_tokens: int, num_requests: int) -> bool:
+    def observe(self, num_steps: int, num_tokens: float, num_requests: float) -> bool:
         """Speculative steps of one step count: ``num_tokens`` committed by
         ``num_requests`` verified requests (one step, or several summed). Returns
         whether the estimate rose above its best so far."""
@@ -434,11 +432,18 @@ class ThroughputPolicy:
         """What a decode step of this mode did: tokens committed (speculative steps
         refresh the acceptance), and its time if measured (decode steps only)."""
         if num_steps != PLAIN and num_tokens is not None:
-            if self.acceptance.observe(num_steps, num_tokens, batch_size):
-                # Traffic easier than any before: probe at the base interval again.
-                self._probe_interval_now = self.probe_interval
+            self.observe_verify(num_steps, num_tokens, batch_size)
         if seconds is not None:
             self.costs.observe(num_steps, batch_size, seconds)
+
+    def observe_verify(
+        self, num_steps: int, num_tokens: float, num_requests: float
+    ) -> None:
+        """Speculative steps of one step count: ``num_tokens`` committed by
+        ``num_requests`` verified requests (one step, or several summed)."""
+        if self.acceptance.observe(num_steps, num_tokens, num_requests):
+            # Traffic easier than any before: probe at the base interval again.
+            self._probe_interval_now = self.probe_interval
 
     def get_state(self) -> Dict[str, object]:
         """For /server_info: the learned table, the acceptance, the current gain."""
@@ -544,7 +549,7 @@ class PendingObservations:
             if ranks > 0:
                 policy.costs.observe(mode, bucket, seconds / ranks)
         for mode, (tokens, requests) in verifies.items():
-            policy.acceptance.observe(mode, tokens, requests)
+            policy.observe_verify(mode, tokens, requests)
         self._times.clear()
         self._verifies.clear()
 
@@ -619,6 +624,28 @@ def power_of_two_buckets(max_batch_size: int) -> List[int]:
     return buckets
 
 
+def log_toggle(speculate: bool, step: int, batch_size: int, why: str) -> None:
+    """One line per switch and rank: with TP, the ranks' lines must agree."""
+    logger.info(
+        "Load-aware speculation: %s from decode step %d (running batch %d, %s).",
+        "speculative" if speculate else "plain",
+        step,
+        batch_size,
+        why,
+    )
+
+
+def mark_plain_step(batch: ScheduleBatch, plain: bool) -> None:
+    """The decided mode, as the decode memory check and the worker read it."""
+    batch.spec_prev_plain_step = batch.spec_plain_step
+    batch.spec_plain_step = plain
+
+
+def steps_by_reason(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
+    """Decode steps by (mode, reason) as ``mode/reason`` keys, for /server_info."""
+    return {f"{mode}/{reason}": n for (mode, reason), n in step_counts.items()}
+
+
 class ThroughputSpecPolicy:
     """``--speculative-disable-batch-threshold auto``: the scheduler's per-step
     policy (the interface of spec_policy.SpecPolicy) on a ThroughputPolicy between
@@ -687,7 +714,7 @@ class ThroughputSpecPolicy:
             counts[key] = counts.get(key, 0) + n
         return counts
 
-    def plan_decode_step(self, batch) -> None:
+    def plan_decode_step(self, batch: ScheduleBatch) -> None:
         """Decide the mode of ``batch``'s next decode step (before its memory check).
 
         batch: the running ScheduleBatch; its ``forward_mode``, ``forward_iter``,
@@ -717,21 +744,18 @@ class ThroughputSpecPolicy:
         if self.trace is not None:
             self.trace.decision(batch_size, decision)
         if decision.toggled:
-            logger.info(
-                "Load-aware speculation: %s from decode step %d (running batch %d, "
-                "auto: %s, expected gain of speculating %+.1f%%).",
-                "speculative" if decision.num_steps else "plain",
-                self._plans,
+            log_toggle(
+                decision.num_steps != PLAIN,
+                self._plans - 1,
                 batch_size,
-                decision.reason,
-                100 * decision.expected_gain,
+                f"auto: {decision.reason}, expected gain of speculating "
+                f"{decision.expected_gain:+.1%}",
             )
-        batch.spec_prev_plain_step = batch.spec_plain_step
-        batch.spec_plain_step = decision.num_steps == PLAIN
+        mark_plain_step(batch, decision.num_steps == PLAIN)
         if self.sets_step_count:
             batch.spec_num_steps = decision.num_steps
 
-    def _launched_mode(self, batch) -> int:
+    def _launched_mode(self, batch: ScheduleBatch) -> int:
         """The mode of the batch's last launch (spec_num_steps is None while the
         policy has not chosen a step count for it)."""
         if batch.spec_plain_step:
@@ -754,7 +778,6 @@ class ThroughputSpecPolicy:
         return {
             "policy": "auto",
             "speculating": self.speculating,
-            "num_toggles": self.num_toggles,
             "num_spec_steps": sum(
                 n for (m, _), n in step_counts.items() if m == "spec"
             ),
@@ -763,7 +786,5 @@ class ThroughputSpecPolicy:
             ),
             "fold_interval": self.fold_interval,
             **self.policy.get_state(),
-            "steps_by_reason": {
-                f"{mode}/{reason}": n for (mode, reason), n in step_counts.items()
-            },
+            "steps_by_reason": steps_by_reason(step_counts),
         }

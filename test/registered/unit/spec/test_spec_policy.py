@@ -244,14 +244,19 @@ class TestSpecPolicySequences(CustomTestCase):
 
     def test_each_switch_logs_one_line_with_its_step(self):
         policy = SpecPolicy(8, 4, min_dwell_steps=0)
-        with self.assertLogs("sglang.srt.speculative.spec_policy", "INFO") as logs:
+        # The line of both policies (throughput_policy.log_toggle).
+        with self.assertLogs(
+            "sglang.srt.speculative.throughput_policy", "INFO"
+        ) as logs:
             for bs in (2, 9, 9, 6, 3, 3):
                 policy.decide(bs)
         self.assertEqual(
             [record.getMessage() for record in logs.records],
             [
-                "Load-aware speculation: plain from decode step 1 (running batch 9, high_load).",
-                "Load-aware speculation: speculative from decode step 4 (running batch 3, low_load).",
+                "Load-aware speculation: plain from decode step 1 "
+                "(running batch 9, high_load).",
+                "Load-aware speculation: speculative from decode step 4 "
+                "(running batch 3, low_load).",
             ],
         )
 

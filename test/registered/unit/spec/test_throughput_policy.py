@@ -532,6 +532,23 @@ class TestThroughputSpecPolicy(CustomTestCase):
         pending.fold_into(policy, list)  # nothing new: unchanged
         self.assertAlmostEqual(policy.costs.estimate(PLAIN, 8), 0.012)
 
+    def test_a_new_best_acceptance_folded_in_resets_the_probe_interval(self):
+        for reduce in (None, list):
+            with self.subTest(reduce=reduce):
+                p = policy(
+                    min_dwell_steps=0,
+                    probe_interval=16,
+                    explore_steps=2,
+                    max_probe_backoff=4,
+                )
+                for _ in range(200):
+                    p.decide(256)
+                self.assertEqual(p.get_state()["probe_interval"], 64)
+                pending = PendingObservations([PLAIN, 3], SIZES)
+                pending.add_verify(3, num_tokens=256 * 3, num_requests=256)
+                pending.fold_into(p, reduce)
+                self.assertEqual(p.get_state()["probe_interval"], 16)
+
     def test_flag_values_and_buckets(self):
         self.assertEqual(parse_disable_batch_threshold("auto"), "auto")
         self.assertEqual(parse_disable_batch_threshold("16"), 16)
