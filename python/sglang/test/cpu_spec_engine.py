@@ -343,7 +343,8 @@ def install_cpu_spec_kernels() -> None:
         return
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
-            "the CPU kernels are Triton kernels: start the process with TRITON_INTERPRET=1"
+            "the CPU kernels are Triton kernels: start the process with "
+            "TRITON_INTERPRET=1"
         )
     os.environ.update(CPU_ENGINE_ENV)
     install_sgl_kernel_stub()

@@ -190,7 +190,8 @@ def running_engine(model_path: str, **kwargs: object) -> Iterator["object"]:
 def generate_outputs(
     engine, prompts: Sequence[List[int]], params: Dict[str, object], batched: bool
 ) -> List[dict]:
-    """All prompts in one call (one running batch), or one request at a time (batch 1)."""
+    """All prompts in one call (one running batch), or one request at a time
+    (batch 1)."""
     if batched:
         return engine.generate(input_ids=list(prompts), sampling_params=params)
     return [
@@ -199,7 +200,8 @@ def generate_outputs(
 
 
 def accept_length(outputs: Sequence[dict]) -> float:
-    """Tokens per verify step (accepted drafts + bonus), over the speculative steps only."""
+    """Tokens per verify step (accepted drafts + bonus), over the speculative
+    steps only."""
     verify = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outputs)
     correct = sum(o["meta_info"].get("spec_num_correct_drafts", 0) for o in outputs)
     if verify == 0:

@@ -231,7 +231,8 @@ PRESETS: Dict[str, Preset] = {
     "dense32b": Preset(
         "qwen2", 5120, 64, 40, 8, 128, 27648, 152064, 32000, 27648, 1e6, 32768, 1e-6
     ),
-    # Qwen3-30B-A3B has 48 layers (~60 GB in bf16); 24 keep it within one H200 host's disk.
+    # Qwen3-30B-A3B has 48 layers (~60 GB in bf16); 24 keep it within one H200
+    # host's disk.
     "qwen3moe": Preset(
         "qwen3_moe",
         2048,
@@ -251,10 +252,11 @@ PRESETS: Dict[str, Preset] = {
         moe_intermediate_size=768,
     ),
 }
-# dense32b is ~64 GB in bf16, more than one H200 host's disk; 32 of its 64 layers (~34 GB)
-# keep it there, as qwen3moe's 24 of 48 do.
+# dense32b is ~64 GB in bf16, more than one H200 host's disk; 32 of its 64 layers
+# (~34 GB) keep it there, as qwen3moe's 24 of 48 do.
 PRESETS["dense32b-32l"] = dataclasses.replace(PRESETS["dense32b"], num_layers=32)
-# The tiny shapes in the other architectures (CPU tests of the dense32b / qwen3moe paths).
+# The tiny shapes in the other architectures (CPU tests of the dense32b / qwen3moe
+# paths).
 PRESETS["tiny-qwen2"] = dataclasses.replace(PRESETS["tiny"], architecture="qwen2")
 PRESETS["tiny-qwen3moe"] = dataclasses.replace(
     PRESETS["tiny"],
@@ -283,7 +285,8 @@ class TokenMap:
 
 
 def expected_accept_length(p: float, num_steps: int, topk: int = 1) -> float:
-    """E[accepted draft tokens + 1 bonus] = sum_{i=0..num_steps} p^i (any topk, see module doc)."""
+    """E[accepted draft tokens + 1 bonus] = sum_{i=0..num_steps} p^i (any topk, see
+    the module doc)."""
     del topk  # Extra tree candidates add only ~(topk - 1) / draft_vocab_size.
     return sum(p**i for i in range(num_steps + 1))
 
@@ -1016,8 +1019,9 @@ def main() -> None:
     print(f"draft: {draft_dir}")
     for p in region_acceptances(args.draft_accept):
         print(
-            f"P={p}: expected accept length {expected_accept_length(p, 3, 1):.4f} "
-            f"(topk 1, 3 steps), {expected_accept_length(p, 2, 4):.4f} (topk 4, 2 steps)"
+            f"P={p}: expected accept length "
+            f"{expected_accept_length(p, 3, 1):.4f} (topk 1, 3 steps), "
+            f"{expected_accept_length(p, 2, 4):.4f} (topk 4, 2 steps)"
         )
 
 
