@@ -696,6 +696,8 @@ class ThroughputSpecPolicy:
         self.fold_interval = fold_interval
         self.trace = trace
         self._plans = 0
+        # The running batch's size at the last plan: what its last launch ran.
+        self._planned_size: Optional[int] = None
 
     @property
     def speculating(self) -> bool:
@@ -721,12 +723,17 @@ class ThroughputSpecPolicy:
         ``launch_ts`` and ``spec_plain_step`` still describe its last launch (a
         prefill's, for a batch made by one: not timed)."""
         batch_size = batch.batch_size()
-        if batch.launch_ts is not None and batch.forward_mode.is_decode():
+        launched_size, self._planned_size = self._planned_size, batch_size
+        if (
+            launched_size is not None
+            and batch.launch_ts is not None
+            and batch.forward_mode.is_decode()
+        ):
             sample = self.timer.record(
                 batch.forward_iter,
                 batch.launch_ts,
                 self._launched_mode(batch),
-                batch_size,
+                launched_size,
             )
             if sample is not None:
                 if self.trace is not None:

@@ -398,6 +398,41 @@ class TestThroughputSpecPolicy(CustomTestCase):
                 policy.observe_verify(mode, [round(accepted) - 1] * batch_size)
         return chosen
 
+    def test_a_step_is_filed_under_the_bucket_it_ran_at(self):
+        """Under overlap the interval between two launches is the step launched two
+        before; a batch that moves between buckets 8 and 16 (once both are
+        calibrated, within one mode) files no step of one size under the other's
+        bucket."""
+        policy = self.spec_policy()
+        filed = []
+        add_step_time = policy.pending.add_step_time
+
+        def record_filing(num_steps, bucket, seconds):
+            filed.append((bucket, seconds))
+            add_step_time(num_steps, bucket, seconds)
+
+        policy.pending.add_step_time = record_filing
+        sizes = [8] * 20 + [9] * 20 + ([8] * 6 + [9] * 6) * 3
+        seconds = {8: 0.010, 9: 0.050}
+        batch = SimpleNamespace(
+            forward_mode=SimpleNamespace(is_decode=lambda: True),
+            forward_iter=None,
+            launch_ts=None,
+            spec_plain_step=False,
+            spec_prev_plain_step=False,
+            spec_num_steps=None,
+        )
+        t = 0.0
+        for k, size in enumerate(sizes):
+            batch.batch_size = lambda size=size: size
+            policy.plan_decode_step(batch)
+            if k >= 2:
+                t += seconds[sizes[k - 2]]
+            batch.forward_iter, batch.launch_ts = k, t
+        self.assertEqual({bucket for bucket, _ in filed}, {8, 16})
+        for bucket, step_seconds in filed:
+            self.assertAlmostEqual(step_seconds, {8: 0.010, 16: 0.050}[bucket])
+
     def test_learns_the_crossover_from_the_steps_it_times(self):
         policy = self.spec_policy()
         clock = {"forward": 0, "t": 0.0}
