@@ -152,9 +152,6 @@ class StepCosts:
             return seconds
         return seconds * batch_size / bucket
 
-    def measured(self, mode: int, batch_size: int) -> bool:
-        return self.estimate(mode, batch_size) is not None
-
     def observe(self, mode: int, batch_size: int, seconds: float) -> None:
         """Add the measured time of one decode step (no prefill in it) to its
         bucket's samples; batches beyond the largest bucket are not fed."""

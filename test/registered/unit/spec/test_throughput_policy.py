@@ -111,14 +111,13 @@ class TestStepCosts(CustomTestCase):
 
     def test_unmeasured_until_the_first_sample_sets_it(self):
         table = StepCosts.unmeasured([PLAIN, 3], [1, 8, 64])
-        self.assertFalse(table.measured(PLAIN, 5))
         self.assertIsNone(table.estimate(PLAIN, 5))
         table.observe(PLAIN, 5, 0.012)
         self.assertEqual(table.estimate(PLAIN, 8), 0.012)
         table.observe(PLAIN, 8, 0.016)
         self.assertAlmostEqual(table.estimate(PLAIN, 8), 0.014)
-        self.assertFalse(table.measured(3, 8))
-        self.assertFalse(table.measured(PLAIN, 64))
+        self.assertIsNone(table.estimate(3, 8))
+        self.assertIsNone(table.estimate(PLAIN, 64))
         self.assertEqual(table.bucket(100), 64)
 
     def test_eager_batches_beyond_the_graphs_are_not_fed(self):
@@ -560,7 +559,7 @@ class TestThroughputSpecPolicy(CustomTestCase):
         pending.add_step_time(PLAIN, 8, 0.010)
         pending.add_step_time(PLAIN, 8, 0.014)
         pending.add_verify(3, num_tokens=30, num_requests=10)
-        self.assertFalse(policy.costs.measured(PLAIN, 8))
+        self.assertIsNone(policy.costs.estimate(PLAIN, 8))
         pending.fold_into(policy, list)
         self.assertAlmostEqual(policy.costs.estimate(PLAIN, 8), 0.012)
         self.assertAlmostEqual(policy.acceptance.expected(3), 3.0)
