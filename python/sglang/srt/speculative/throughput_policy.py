@@ -62,6 +62,9 @@ logger = logging.getLogger(__name__)
 AUTO = "auto"
 PLAIN = 0
 
+# Samples in a bucket's median step time.
+COST_WINDOW = 8
+
 REASON_BEST = "best_throughput"  # the mode with the best expected tokens/s
 REASON_MARGIN = "within_margin"  # another mode is better, but not by the margin
 REASON_DWELL = "dwell"  # another mode is better, but the dwell has not elapsed
@@ -100,7 +103,7 @@ class StepCosts:
     def __init__(
         self,
         profile: Dict[int, Dict[int, Optional[float]]],
-        window: int = 8,
+        window: int = COST_WINDOW,
     ):
         """profile: {mode: {batch bucket: seconds or None}}, every mode at the same
         buckets; a given time counts as the bucket's first sample."""
@@ -127,7 +130,7 @@ class StepCosts:
 
     @classmethod
     def unmeasured(
-        cls, modes: Sequence[int], batch_sizes: Sequence[int], window: int = 8
+        cls, modes: Sequence[int], batch_sizes: Sequence[int], window: int = COST_WINDOW
     ) -> "StepCosts":
         return cls({m: dict.fromkeys(batch_sizes) for m in modes}, window)
 
