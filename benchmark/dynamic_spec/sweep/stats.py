@@ -49,14 +49,15 @@ def summarize(runs: List[Run]) -> Dict[str, Any]:
         for r in results
         if r.output_tokens > 1
     ]
+    ttfts = [r.ttft for r in results]
     verify = sum(r.verify_ct for r in results)
     return {
         "num_requests": len(results),
         **median_with_spread(run.tokens / run.wall for run in runs),
         "tpot_p50_ms": 1000 * percentile(tpots, 0.5),
         "tpot_p99_ms": 1000 * percentile(tpots, 0.99),
-        "ttft_p50_ms": 1000 * percentile([r.ttft for r in results], 0.5),
-        "ttft_p99_ms": 1000 * percentile([r.ttft for r in results], 0.99),
+        "ttft_p50_ms": 1000 * percentile(ttfts, 0.5),
+        "ttft_p99_ms": 1000 * percentile(ttfts, 0.99),
         "accept_length": (
             (verify + sum(r.correct_drafts for r in results)) / verify
             if verify

@@ -28,8 +28,8 @@ memory check, so that the step's KV reservation follows it
 adaptive tiers, which move with the acceptance every rank observes) are
 identical on every TP rank, so every rank reaches the same decision without
 any communication. ``auto`` also needs the step times, which differ between
-ranks: it sums them over the ranks (a CPU all-reduce every ``AUTO_FOLD_INTERVAL``
-decode steps) before deciding from them.
+ranks: it averages the ranks' medians (a CPU all-reduce every
+``AUTO_FOLD_INTERVAL`` decode steps) before deciding from them.
 """
 
 from __future__ import annotations

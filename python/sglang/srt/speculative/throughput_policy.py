@@ -21,9 +21,9 @@ a dwell so that a batch at the crossover does not flip every step.
   ``probe_interval`` steps in one mode the other runs for ``explore_steps`` (a probe),
   so that neither its time nor, while plain, the acceptance goes stale. Probes cost
   ``explore_steps / probe_interval`` of the steps (1.6% by default), each at the
-  other mode's throughput. While plain at a batch where
-  speculation would not pay even at the best acceptance seen so far, the interval
-  doubles at each probe, up to ``max_probe_backoff`` times itself (0.8% by default).
+  other mode's throughput. While plain at a batch where speculation would not pay
+  even at the best acceptance seen so far, the interval doubles at each probe, up to
+  ``max_probe_backoff`` times itself (0.8% by default).
 * ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
   launches of the running batch (``DecodeStepTimer``) and folds what the steps
   observed into the policy, summed over TP ranks (``PendingObservations``), so that

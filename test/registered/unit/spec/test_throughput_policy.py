@@ -369,10 +369,10 @@ class TestThroughputSpecPolicy(CustomTestCase):
             **kwargs,
         )
 
-    def run_steps(self, policy, batch_size, num_steps, seconds, accept_length, clock):
-        """num_steps decode steps of a steady batch; each step's launch takes the
-        time of the mode the policy chose for it."""
-        batch = SimpleNamespace(
+    @staticmethod
+    def decode_batch(batch_size: int) -> SimpleNamespace:
+        """The running batch as plan_decode_step reads it, before its first launch."""
+        return SimpleNamespace(
             batch_size=lambda: batch_size,
             forward_mode=SimpleNamespace(is_decode=lambda: True),
             forward_iter=None,
@@ -381,6 +381,11 @@ class TestThroughputSpecPolicy(CustomTestCase):
             spec_prev_plain_step=False,
             spec_num_steps=None,
         )
+
+    def run_steps(self, policy, batch_size, num_steps, seconds, accept_length, clock):
+        """num_steps decode steps of a steady batch; each step's launch takes the
+        time of the mode the policy chose for it."""
+        batch = self.decode_batch(batch_size)
         chosen = []
         for _ in range(num_steps):
             policy.plan_decode_step(batch)
@@ -413,14 +418,7 @@ class TestThroughputSpecPolicy(CustomTestCase):
         policy.pending.add_step_time = record_filing
         sizes = [8] * 20 + [9] * 20 + ([8] * 6 + [9] * 6) * 3
         seconds = {8: 0.010, 9: 0.050}
-        batch = SimpleNamespace(
-            forward_mode=SimpleNamespace(is_decode=lambda: True),
-            forward_iter=None,
-            launch_ts=None,
-            spec_plain_step=False,
-            spec_prev_plain_step=False,
-            spec_num_steps=None,
-        )
+        batch = self.decode_batch(sizes[0])
         t = 0.0
         for k, size in enumerate(sizes):
             batch.batch_size = lambda size=size: size
