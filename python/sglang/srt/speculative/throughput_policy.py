@@ -22,8 +22,11 @@ a dwell so that a batch at the crossover does not flip every step.
   so that neither its time nor, while plain, the acceptance goes stale. Probes cost
   ``explore_steps / probe_interval`` of the steps (1.6% by default), each at the
   other mode's throughput. While plain at a batch where speculation would not pay
-  even at the best acceptance seen so far, the interval doubles at each probe, up to
-  ``max_probe_backoff`` times itself (0.8% by default).
+  even at the best acceptance seen so far, probes are spaced by time instead (the
+  interval counts plain steps' worth of a speculative step's time: at a large batch
+  one can take several) and the interval doubles at each probe, up to
+  ``max_probe_backoff`` times itself (0.8% of the time by default). The dwell holds
+  a new mode only while the batch stays in the bucket it was chosen at.
 * ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
   launches of the running batch (``DecodeStepTimer``) and folds what the steps
   observed into the policy, summed over TP ranks (``PendingObservations``), so that
@@ -38,6 +41,7 @@ import bisect
 import collections
 import json
 import logging
+import math
 import statistics
 import time
 from typing import (
@@ -247,9 +251,12 @@ class ThroughputPolicy:
     acceptance current. Probes cost ``explore_steps / probe_interval`` of the steps,
     run at the other mode's throughput. While plain where no speculative mode would
     pay even at the best acceptance seen so far (only traffic easier than any before
-    could change the decision), each probe doubles the interval to the next, up to
-    ``max_probe_backoff`` times ``probe_interval``; any other probe, a change of mode
-    or a new best acceptance resets it.
+    could change the decision), the interval is multiplied by a speculative step's
+    time over a plain one's (probes take that share of the time, not of the steps)
+    and each probe doubles it, up to ``max_probe_backoff`` times ``probe_interval``;
+    any other probe, a change of mode or a new best acceptance resets it. A new mode
+    is held for ``min_dwell_steps`` steps while the batch stays in the bucket it was
+    chosen at.
     """
 
     def __init__(
@@ -289,6 +296,7 @@ class ThroughputPolicy:
         # The mode the policy is in (exploration does not change it), how many steps
         # it has lasted, and what the last step ran.
         self._mode = max(self.modes)  # start speculating, as the threshold policy does
+        self._mode_bucket: Optional[int] = None  # where the mode was chosen
         self._steps_in_mode = 0
         self._steps_since_explore = 0
         self._probe_interval_now = probe_interval
@@ -327,13 +335,14 @@ class ThroughputPolicy:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         rates = {m: self.throughput(m, batch_size) for m in self.modes}
-        mode, reason = self._mode_by_rates(rates)
+        bucket = self.costs.bucket(batch_size)
+        mode, reason = self._mode_by_rates(rates, bucket)
         chosen = mode
         explore = self._exploration(mode, rates, batch_size)
         if explore is not None:
             chosen, reason = explore
         toggled = (chosen != PLAIN) != self._last_speculated
-        self._advance(mode, chosen, toggled)
+        self._advance(mode, chosen, toggled, bucket)
         self.last_gain = self._speculation_gain(rates)
         key = (chosen, reason)
         self.step_counts[key] = self.step_counts.get(key, 0) + 1
@@ -345,8 +354,12 @@ class ThroughputPolicy:
             return 0.0
         return max(spec) / rates[PLAIN] - 1
 
-    def _mode_by_rates(self, rates: Dict[int, Optional[float]]) -> Tuple[int, str]:
-        """The policy's mode among the measured ones, with margin and dwell."""
+    def _mode_by_rates(
+        self, rates: Dict[int, Optional[float]], bucket: int
+    ) -> Tuple[int, str]:
+        """The policy's mode among the measured ones, with margin and dwell (which
+        holds only at the bucket the mode was chosen at: a batch that moved to
+        another bucket is a different comparison, not a flip at the crossover)."""
         current = rates[self._mode]
         measured = {m: r for m, r in rates.items() if r is not None}
         if current is None or len(measured) < 2:
@@ -356,7 +369,7 @@ class ThroughputPolicy:
             return self._mode, REASON_BEST
         if measured[best] <= current * (1 + self.margin):
             return self._mode, REASON_MARGIN
-        if self._steps_in_mode < self.min_dwell_steps:
+        if self._steps_in_mode < self.min_dwell_steps and bucket == self._mode_bucket:
             return self._mode, REASON_DWELL
         return best, REASON_BEST
 
@@ -377,18 +390,33 @@ class ThroughputPolicy:
                 return self._start_exploring(
                     other, REASON_CALIBRATE, self.calibrate_steps
                 )
-        if self._steps_since_explore + 1 < self._probe_interval_now:
-            return None
         others = [m for m in self.modes if m != mode]
         other = max(others, key=lambda m: (rates[m] or 0.0, m))
+        hopeless = mode == PLAIN and not self._speculation_could_pay(
+            batch_size, rates[PLAIN]
+        )
+        interval = self._probe_interval_now
+        if hopeless:
+            interval *= self._step_cost_ratio(other, mode, batch_size)
+        if self._steps_since_explore + 1 < math.ceil(interval):
+            return None
         self.num_probes += 1
-        if mode == PLAIN and not self._speculation_could_pay(batch_size, rates[PLAIN]):
+        if hopeless:
             self._probe_interval_now = min(
                 2 * self._probe_interval_now, self.max_probe_interval
             )
         else:
             self._probe_interval_now = self.probe_interval
         return self._start_exploring(other, REASON_PROBE, self.explore_steps)
+
+    def _step_cost_ratio(self, other: int, mode: int, batch_size: int) -> float:
+        """How many steps of ``mode`` one step of ``other`` takes at this batch size
+        (at least 1; 1 while either is untimed)."""
+        theirs = self.costs.estimate(other, batch_size)
+        mine = self.costs.estimate(mode, batch_size)
+        if theirs is None or mine is None:
+            return 1.0
+        return max(1.0, theirs / mine)
 
     def _speculation_could_pay(
         self, batch_size: int, plain_rate: Optional[float]
@@ -411,9 +439,9 @@ class ThroughputPolicy:
         self._explore_left = steps - 1
         return self._exploring
 
-    def _advance(self, mode: int, chosen: int, toggled: bool) -> None:
+    def _advance(self, mode: int, chosen: int, toggled: bool, bucket: int) -> None:
         if mode != self._mode:
-            self._mode, self._steps_in_mode = mode, 0
+            self._mode, self._steps_in_mode, self._mode_bucket = mode, 0, bucket
             self._probe_interval_now = self.probe_interval
         self._steps_in_mode += 1
         self._num_decisions += 1
@@ -478,14 +506,15 @@ class DecodeStepTimer:
     running batch is one decode step's time when no other batch (a prefill) ran in
     between; under the overlap scheduler it is the time of the step launched two
     before, so a sample counts only if the last three steps ran the same mode at
-    the same bucket, one after another.
+    the same batch size, one after another. A step in which requests finished is
+    left out too: freeing them and streaming their last tokens is host work of no
+    mode, done between launches.
     """
 
     WINDOW = 3
 
-    def __init__(self, bucket: Callable[[int], int]):
-        self.bucket = bucket
-        # (forward_iter, launch time, num_steps, bucket) of the last launches.
+    def __init__(self):
+        # (forward_iter, launch time, num_steps, batch size) of the last launches.
         self._launches: Deque[Tuple[int, float, int, int]] = collections.deque(
             maxlen=self.WINDOW
         )
@@ -493,7 +522,7 @@ class DecodeStepTimer:
     def record(
         self, forward_iter: int, launch_ts: float, num_steps: int, batch_size: int
     ) -> Optional[StepSample]:
-        launch = (forward_iter, launch_ts, num_steps, self.bucket(batch_size))
+        launch = (forward_iter, launch_ts, num_steps, batch_size)
         if self._launches and self._launches[-1][0] == forward_iter:
             return None  # the batch has not run since the last call
         self._launches.append(launch)
@@ -690,7 +719,7 @@ class ThroughputSpecPolicy:
             min_dwell_steps=min_dwell_steps,
             **policy_kwargs,
         )
-        self.timer = DecodeStepTimer(self.policy.costs.bucket)
+        self.timer = DecodeStepTimer()
         self.pending = PendingObservations(modes, buckets)
         self.reduce = reduce
         self.fold_interval = fold_interval
@@ -740,7 +769,7 @@ class ThroughputSpecPolicy:
                     self.trace.step(sample)
                 self.pending.add_step_time(
                     sample.num_steps,
-                    self.timer.bucket(sample.batch_size),
+                    self.policy.costs.bucket(sample.batch_size),
                     sample.seconds,
                 )
         self._plans += 1

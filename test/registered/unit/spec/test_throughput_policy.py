@@ -186,13 +186,24 @@ class TestThroughputPolicy(CustomTestCase):
         p = policy(min_dwell_steps=0, margin=0.05)
         self.assertEqual(p.decide(128).num_steps, PLAIN)
 
-    def test_dwell_holds_a_new_mode(self):
+    def test_dwell_holds_a_new_mode_at_the_bucket_it_was_chosen_at(self):
         p = policy(min_dwell_steps=4, margin=0.0)
-        for _ in range(4):  # the initial speculative mode lasts its dwell
-            self.assertEqual(p.decide(256).reason, REASON_DWELL)
-        self.assertEqual(p.decide(256).num_steps, PLAIN)
-        decision = p.decide(1)  # plain for 1 step only: held
-        self.assertEqual((decision.num_steps, decision.reason), (PLAIN, REASON_DWELL))
+        self.assertEqual(p.decide(256).num_steps, PLAIN)  # the start is not held
+        for _ in range(60):  # the traffic turns easy: speculating pays at 256 too
+            p.observe(3, 256, num_tokens=256 * 4)
+        for _ in range(3):  # the plain step chosen at 256 lasts its dwell there
+            decision = p.decide(256)
+            self.assertEqual(
+                (decision.num_steps, decision.reason), (PLAIN, REASON_DWELL)
+            )
+        self.assertEqual(p.decide(256).num_steps, 3)
+
+    def test_a_batch_in_another_bucket_is_not_held_by_the_dwell(self):
+        # A batch that dips (requests finished, their successors still in prefill)
+        # and returns: each size gets its own best mode at once.
+        p = policy(min_dwell_steps=8, margin=0.0)
+        modes = [p.decide(bs).num_steps for bs in (256, 1, 256, 1)]
+        self.assertEqual(modes, [PLAIN, 3, PLAIN, 3])
 
     def test_acceptance_learned_from_speculative_steps_changes_the_choice(self):
         p = policy(accept_length=3.8, min_dwell_steps=0, margin=0.0)
@@ -201,24 +212,32 @@ class TestThroughputPolicy(CustomTestCase):
             p.observe(3, 64, num_tokens=int(64 * 1.2))
         self.assertEqual(p.decide(64).num_steps, PLAIN)
 
-    def test_probes_bound_the_other_modes_share(self):
+    def test_probes_take_a_bounded_share_of_the_time(self):
+        # At 256 a speculative step takes 0.125 / 0.035 = 3.6 plain steps' time and
+        # would not pay (below): its probes come that much less often, so that they
+        # take explore_steps / (probe_interval + explore_steps) of the time, not of
+        # the steps.
         p = policy(
             min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_backoff=1
         )
-        modes = [p.decide(256) for _ in range(18 * 10)]
-        probes = [d for d in modes if d.reason == REASON_PROBE]
+        decisions = [p.decide(256) for _ in range(59 * 10)]
+        probes = [d for d in decisions if d.reason == REASON_PROBE]
         self.assertTrue(all(d.num_steps == 3 for d in probes))
         self.assertEqual(p.num_probes, 10)
-        self.assertEqual(len(probes), 2 * 10)
+        seconds = {PLAIN: 0.035, 3: 0.125}
+        probe_time = sum(seconds[d.num_steps] for d in probes)
+        total_time = sum(seconds[d.num_steps] for d in decisions)
+        self.assertAlmostEqual(probe_time / total_time, 2 / 18, delta=0.002)
         # a probe refreshes the estimate that would otherwise go stale while plain
         p.observe(3, 256, num_tokens=256 * 4)
         self.assertGreater(p.acceptance.expected(3), 2.952)
-        # and speculating, the plain step's time
+        # and speculating, the plain step's time; a plain step is the shorter one
+        # there: a probe every probe_interval steps
         p = policy(min_dwell_steps=0, probe_interval=16, explore_steps=2)
-        probes = [
-            d for d in (p.decide(1) for _ in range(180)) if d.reason == REASON_PROBE
-        ]
+        decisions = [p.decide(1) for _ in range(180)]
+        probes = [d for d in decisions if d.reason == REASON_PROBE]
         self.assertEqual({d.num_steps for d in probes}, {PLAIN})
+        self.assertEqual(set(probe_gaps([d.reason for d in decisions])), {2 + 15})
 
     def test_probes_back_off_where_speculation_cannot_pay(self):
         # At 256 speculating gives 256 * 2.952 / 0.125 = 6046 tok/s against the plain
@@ -226,13 +245,14 @@ class TestThroughputPolicy(CustomTestCase):
         p = policy(
             min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_backoff=4
         )
-        gaps = probe_gaps([p.decide(256).reason for _ in range(400)])
-        # From one probe's start to the next: its 2 steps, then the interval less one
-        # step of the mode; the interval doubles at each probe, up to 64.
-        self.assertEqual(gaps[:4], [2 + 31, 2 + 63, 2 + 63, 2 + 63])
+        gaps = probe_gaps([p.decide(256).reason for _ in range(800)])
+        # From one probe's start to the next: its 2 steps, then the interval (in
+        # plain steps: 3.6 per speculative one) less one step; the interval doubles
+        # at each probe (16 before the first), up to 64.
+        self.assertEqual(gaps[:3], [2 + 114, 2 + 228, 2 + 228])
         self.assertEqual(p.get_state()["probe_interval"], 64)
         # Once a 4.0 acceptance has been seen (256 * 4 / 0.125 = 8192 tok/s would
-        # pay), probing returns to the base interval.
+        # pay), probing returns to the base interval, counted in steps.
         p.observe(3, 256, num_tokens=256 * 4)
         for _ in range(60):  # and the traffic turned hard again
             p.observe(3, 256, num_tokens=int(256 * 2.5))
@@ -322,31 +342,28 @@ class TestThroughputPolicy(CustomTestCase):
 
 
 class TestDecodeStepTimer(CustomTestCase):
-    def timer(self) -> DecodeStepTimer:
-        return DecodeStepTimer(StepCosts.unmeasured([PLAIN, 3], [1, 8, 64]).bucket)
-
     def test_three_contiguous_launches_of_one_mode_give_one_interval(self):
-        timer = self.timer()
-        self.assertIsNone(timer.record(10, 1.00, 3, 5))
-        self.assertIsNone(timer.record(11, 1.02, 3, 6))
-        sample = timer.record(12, 1.05, 3, 7)  # same bucket (8)
+        timer = DecodeStepTimer()
+        self.assertIsNone(timer.record(10, 1.00, 3, 7))
+        self.assertIsNone(timer.record(11, 1.02, 3, 7))
+        sample = timer.record(12, 1.05, 3, 7)
         self.assertEqual((sample.num_steps, sample.batch_size), (3, 7))
         self.assertAlmostEqual(sample.seconds, 0.03)
-        self.assertAlmostEqual(timer.record(13, 1.09, 3, 8).seconds, 0.04)
+        self.assertAlmostEqual(timer.record(13, 1.09, 3, 7).seconds, 0.04)
 
-    def test_no_sample_across_a_prefill_a_mode_switch_or_a_bucket(self):
+    def test_no_sample_across_a_prefill_a_mode_switch_or_a_finished_request(self):
         for second, third in [
             ((11, 1.02, 3, 6), (13, 1.05, 3, 6)),  # a prefill ran as forward 12
             ((11, 1.02, PLAIN, 6), (12, 1.05, PLAIN, 6)),  # the mode just changed
-            ((11, 1.02, 3, 6), (12, 1.05, 3, 9)),  # bucket 8 -> 64
+            ((11, 1.02, 3, 6), (12, 1.05, 3, 5)),  # a request finished
         ]:
-            timer = self.timer()
+            timer = DecodeStepTimer()
             timer.record(10, 1.00, 3, 6)
             timer.record(*second)
             self.assertIsNone(timer.record(*third), (second, third))
 
     def test_a_batch_that_did_not_run_again_is_not_counted_twice(self):
-        timer = self.timer()
+        timer = DecodeStepTimer()
         for launch in [(10, 1.0, 3, 5), (11, 1.02, 3, 5), (12, 1.05, 3, 5)]:
             timer.record(*launch)
         self.assertIsNone(timer.record(12, 1.05, 3, 5))
