@@ -19,6 +19,10 @@ def percentile(values: List[float], q: float) -> float:
     )
 
 
+def mean(values: List[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
 @dataclasses.dataclass
 class Run:
     """One measurement of a point: the requests whose latencies it reports, and the
@@ -58,6 +62,10 @@ def summarize(runs: List[Run]) -> Dict[str, Any]:
         "tpot_p99_ms": 1000 * percentile(tpots, 0.99),
         "ttft_p50_ms": 1000 * percentile(ttfts, 0.5),
         "ttft_p99_ms": 1000 * percentile(ttfts, 0.99),
+        # A closed loop's throughput is its concurrency over the mean latency: these
+        # tell whether a config lost time before the first token or after it.
+        "ttft_mean_ms": 1000 * mean(ttfts),
+        "latency_mean_ms": 1000 * mean([r.latency for r in results]),
         "accept_length": (
             (verify + sum(r.correct_drafts for r in results)) / verify
             if verify

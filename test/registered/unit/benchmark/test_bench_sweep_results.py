@@ -68,6 +68,8 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertAlmostEqual(point["output_tok_s"], 16.0)
         self.assertAlmostEqual(point["tpot_p50_ms"], 100.0)
         self.assertAlmostEqual(point["ttft_p99_ms"], 200.0)
+        self.assertAlmostEqual(point["ttft_mean_ms"], 150.0)
+        self.assertAlmostEqual(point["latency_mean_ms"], 1650.0)
         self.assertAlmostEqual(point["accept_length"], 2.0)
         no_spec = sweep.stats.summarize(
             [self.closed_run([self.result(0.1, 1.1, 11)], 1.0)]
