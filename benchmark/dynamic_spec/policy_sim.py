@@ -32,7 +32,7 @@ import gzip
 import json
 import statistics
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from sglang.srt.speculative.spec_policy import SpecPolicy
 from sglang.srt.speculative.throughput_policy import (
@@ -217,27 +217,40 @@ def environment_from_trace(
     return Environment(costs=costs, acceptance=acceptance)
 
 
-class _Fixed:
+class SimPolicy(Protocol):
+    """What the simulator drives: a mode per step, then what that step did."""
+
+    def decide(self, batch_size: int) -> int: ...
+
+    def observe(
+        self, num_steps: int, batch_size: int, num_tokens: float, seconds: float
+    ) -> None: ...
+
+
+class _Static:
+    """A policy that learns nothing from the steps it runs."""
+
+    def observe(
+        self, num_steps: int, batch_size: int, num_tokens: float, seconds: float
+    ) -> None:
+        pass
+
+
+class _Fixed(_Static):
     def __init__(self, num_steps: int):
         self.num_steps = num_steps
 
     def decide(self, batch_size: int) -> int:
         return self.num_steps
 
-    def observe(self, *args) -> None:
-        pass
 
-
-class _Threshold:
+class _Threshold(_Static):
     def __init__(self, n: int, num_steps: int):
         self.policy = SpecPolicy(n)
         self.num_steps = num_steps
 
     def decide(self, batch_size: int) -> int:
         return self.num_steps if self.policy.decide(batch_size).speculate else PLAIN
-
-    def observe(self, *args) -> None:
-        pass
 
 
 class _Auto:
@@ -261,7 +274,7 @@ class _Auto:
 STATIC = ("nospec", "always")
 
 
-def make_policy(spec: str, env: Environment, prior_accept_length: float):
+def make_policy(spec: str, env: Environment, prior_accept_length: float) -> SimPolicy:
     longest = max(env.speculative_steps)
     name, _, arg = spec.partition(":")
     if name == "nospec":
@@ -275,7 +288,7 @@ def make_policy(spec: str, env: Environment, prior_accept_length: float):
     raise ValueError(f"unknown policy {spec!r}")
 
 
-def simulate(policy, env: Environment, phases: Phases) -> Dict[str, float]:
+def simulate(policy: SimPolicy, env: Environment, phases: Phases) -> Dict[str, float]:
     """Run each phase for its time; every step costs and yields what the
     environment says (the acceptance of the environment's step at that time)."""
     tokens = seconds = 0.0
