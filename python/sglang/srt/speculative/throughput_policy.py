@@ -7,11 +7,11 @@ a speculative step with s draft steps. With running batch b, mode m produces
 seconds; the policy picks the mode with the most tokens per second, with a margin and
 a dwell so that a batch at the crossover does not flip every step.
 
-* ``StepCosts``: ``T_m(b)`` per batch bucket, the median of the last samples there:
-  decode steps timed alone (steps with a prefill in them are not fed), or with TP
-  the ranks' mean of their medians over a fold. Times measured while serving
-  price attention at the context lengths actually served, which a replay of the
-  captured graphs (at their capture-time lengths) would not.
+* ``StepCosts``: ``T_m(b)`` per batch bucket, the low median of the last samples
+  there: decode steps timed alone (steps with a prefill in them are not fed), or
+  with TP the ranks' mean of their low medians over a fold. Times measured while
+  serving price attention at the context lengths actually served, which a replay
+  of the captured graphs (at their capture-time lengths) would not.
 * ``AcceptanceEstimate``: ``E[accept length | m]`` observed over speculative steps
   (an EMA per step count); step counts not observed yet are predicted from the
   per-token acceptance of a chain fitted to the ones that were
@@ -100,9 +100,11 @@ def fit_chain_acceptance(accept_length: float, num_steps: int) -> float:
 class StepCosts:
     """Seconds of one decode step by mode and batch bucket (a batch costs what the
     smallest bucket >= its size costs), measured online: a bucket's estimate is the
-    median of its last ``window`` samples. Step times are noisy upwards (a first
-    step at a new size, a host stall): the median keeps one slow step from setting
-    a bucket's cost. Unmeasured entries are None until their first sample."""
+    low median of its last ``window`` samples. Step times are noisy upwards (a first
+    step at a new size, a host stall such as a garbage collection): the median
+    keeps slow steps from setting a bucket's cost, and the low one does so even with
+    two samples, where a median would be their mean. Unmeasured entries are None
+    until their first sample."""
 
     def __init__(
         self,
@@ -167,7 +169,7 @@ class StepCosts:
         i = self._index(batch_size)
         samples = self._samples[mode][i]
         samples.append(seconds)
-        self._seconds[mode][i] = statistics.median(samples)
+        self._seconds[mode][i] = statistics.median_low(samples)
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {
@@ -565,11 +567,12 @@ class PendingObservations:
         policy: ThroughputPolicy,
         reduce: Optional[Callable[[List[float]], List[float]]] = None,
     ) -> None:
-        """Feed the observations to the policy: per (mode, bucket) the median step
-        time (the mean of the ranks' medians with TP), one acceptance sample per
+        """Feed the observations to the policy: per (mode, bucket) the low median
+        step time (the mean of the ranks' with TP), one acceptance sample per
         step count (summed over the ranks)."""
         medians = {
-            key: [statistics.median(times), 1.0] for key, times in self._times.items()
+            key: [statistics.median_low(times), 1.0]
+            for key, times in self._times.items()
         }
         verifies = self._verifies
         if reduce is not None:
