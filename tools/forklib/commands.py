@@ -85,7 +85,8 @@ def cmd_status(layout: Layout) -> int:
         working = read_working(layout, rel)
         kind = "deleted" if working is None else "edited "
         print(
-            f"  {kind}  {rel} ({_line_delta(expected[rel], working)}; not in the series: `tools/fork save`)"
+            f"  {kind}  {rel} ({_line_delta(expected[rel], working)}; "
+            "not in the series: `tools/fork save`)"
         )
     ours = [
         f for f in tracked_files(layout, "python/sglang") or [] if f not in state.files
@@ -250,7 +251,8 @@ def cmd_export(layout: Layout, out_dir: Path) -> int:
     for path, rels in zip(written, groups):
         print(f"  {path.name}: {len(rels)} new files")
     print(
-        f"exported {len(written)} commits to {out_dir} (apply with `git am` on upstream {upstream.pin.version})"
+        f"exported {len(written)} commits to {out_dir} "
+        f"(apply with `git am` on upstream {upstream.pin.version})"
     )
     return 0
 
@@ -309,7 +311,8 @@ def cmd_rebase(
         return _rebase_dry_run(upstream, version, wheel)
     if wheel is not None:
         raise ForkError(
-            "--wheel goes with --dry-run: a rebase pins the wheels it downloads for every Python tag"
+            "--wheel goes with --dry-run: a rebase pins the wheels it downloads "
+            "for every Python tag"
         )
     _materialized_state(layout, upstream)
     with tempfile.TemporaryDirectory() as tmp:
@@ -322,7 +325,8 @@ def cmd_rebase(
             )
             if conflicts:
                 print(
-                    f"rebase onto {version} stopped: {len(conflicts)} patches conflict; nothing changed"
+                    f"rebase onto {version} stopped: {len(conflicts)} patches "
+                    "conflict; nothing changed"
                 )
                 return 1
             with tempfile.TemporaryDirectory() as out:
@@ -331,7 +335,8 @@ def cmd_rebase(
                     old.path.write_text(new.read_text())
     write_pin(layout.pin_file, new_pin)
     print(
-        f"pin moved to {upstream.pin.package} {version}; update python/pyproject.toml dependencies to its METADATA"
+        f"pin moved to {upstream.pin.package} {version}; "
+        "update python/pyproject.toml dependencies to its METADATA"
     )
     print(materialize(layout, force=True))
     return 0
@@ -361,7 +366,8 @@ def _read_optional(path: Path) -> Optional[bytes]:
 
 
 def _replay_three_way(repo: ScratchRepo, series: List[Patch]) -> List[str]:
-    """Apply every patch with a 3-way merge; print one line per patch; return the conflicting ones."""
+    """Apply every patch with a 3-way merge; print one line per patch; return the
+    conflicting ones."""
     conflicts = []
     for patch in series:
         clean = (

@@ -13,7 +13,8 @@ from forklib.layout import Layout  # noqa: E402
 from forklib.pin import load_pin  # noqa: E402
 from forklib.wheel import pristine_package  # noqa: E402
 
-# A tracked file sharing more than this share of its distinct lines with one upstream file is a near copy.
+# A tracked file sharing more than this share of its distinct lines with one upstream
+# file is a near copy.
 NEAR_COPY_SHARE = 0.5
 MIN_LINES = 8
 

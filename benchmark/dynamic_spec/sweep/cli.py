@@ -59,7 +59,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--configs",
-        default="nospec,eagle3-topk1,eagle3-topk4,loadaware-topk1,loadaware-topk4,upstream-adaptive-topk1",
+        default=(
+            "nospec,eagle3-topk1,eagle3-topk4,loadaware-topk1,loadaware-topk4,"
+            "upstream-adaptive-topk1"
+        ),
     )
     parser.add_argument(
         "--concurrency",

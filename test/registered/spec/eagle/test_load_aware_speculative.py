@@ -261,7 +261,8 @@ class TestLoadAwareRampTree(RampMixin, LoadAwareServerBase):
         measured = spec_accept_length(metas)
         never_switched = self.predicted_accept_length()
         print(
-            f"[load-aware-ramp] accept length over spec steps {measured:.3f}, never-switched prediction {never_switched:.3f}"
+            f"[load-aware-ramp] accept length over spec steps {measured:.3f}, "
+            f"never-switched prediction {never_switched:.3f}"
         )
         self.assertAlmostEqual(measured, never_switched, delta=0.10 * never_switched)
         state = self.load_aware_state()

@@ -86,7 +86,9 @@ class TestSyntheticEagle3Parity(CustomTestCase):
                     )
                     measured = accept_length(outputs)
                     print(
-                        f"[synthetic-gpu] P={self.draft_accept} {name} batched={batched}: accept length {measured:.3f} (predicted {predicted:.3f})"
+                        f"[synthetic-gpu] P={self.draft_accept} {name} "
+                        f"batched={batched}: accept length {measured:.3f} "
+                        f"(predicted {predicted:.3f})"
                     )
                     self.assertAlmostEqual(
                         measured, predicted, delta=ACCEPT_TOLERANCE * predicted

@@ -318,7 +318,9 @@ class TestChainThresholdKVPressureAndAborts(CpuEngineTestBase):
         kept = [i for i in range(self.num_requests) if i not in self.aborted]
         for i, out in enumerate(outputs):
             print(
-                f"[cpu-engine] request {i}: {len(out['output_ids'])} tokens, {out['meta_info']['finish_reason']}, {out['meta_info'].get('num_retractions')} retractions"
+                f"[cpu-engine] request {i}: {len(out['output_ids'])} tokens, "
+                f"{out['meta_info']['finish_reason']}, "
+                f"{out['meta_info'].get('num_retractions')} retractions"
             )
         self.assert_outputs_intended(
             [prompts[i] for i in kept],

@@ -333,7 +333,9 @@ class TestSyntheticSpecModels(CustomTestCase):
             first, length, margin = self._measure_acceptance(p, kv_check)
             expected = ssm.expected_accept_length(p, NUM_STEPS)
             print(
-                f"kv_check={kv_check} P={p}: first-token accept {first:.3f}, accept length {length:.3f} (expected {expected:.3f}), draft margin {margin:.2f}"
+                f"kv_check={kv_check} P={p}: first-token accept {first:.3f}, "
+                f"accept length {length:.3f} (expected {expected:.3f}), "
+                f"draft margin {margin:.2f}"
             )
             with self.subTest(p=p):
                 self.assertGreater(margin, DRAFT_MIN_MARGIN)
@@ -354,7 +356,8 @@ class TestSyntheticSpecModels(CustomTestCase):
             for stale_kv in ("zero", "other_request"):
                 first, length, _ = self._measure_acceptance(p, True, stale_kv)
                 print(
-                    f"kv_check P={p} stale {stale_kv}: first-token accept {first:.3f}, accept length {length:.3f}"
+                    f"kv_check P={p} stale {stale_kv}: first-token accept "
+                    f"{first:.3f}, accept length {length:.3f}"
                 )
                 with self.subTest(p=p, stale_kv=stale_kv):
                     self.assertLess(first, STALE_KV_MAX_FIRST_ACCEPT)
