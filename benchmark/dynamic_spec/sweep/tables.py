@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 from sweep.records import finished, steady_decode, swept_records
 from sweep.stats import rate_at_same_kv_tokens
@@ -33,6 +33,13 @@ def results_markdown(records: List[dict], title: str) -> str:
             "\nOutput tok/s of upstream's bench_serving (--bench-serving) at the same C"
             " against the same servers, median [min-max], and its ratio to ours:\n\n",
             second_client,
+        ]
+    latencies = latency_table(swept)
+    if latencies:
+        sections += [
+            "\nMean TTFT / mean latency per request, ms (our client; a closed loop's"
+            " output tok/s is C times the output tokens over the mean latency):\n\n",
+            latencies,
         ]
     rates = decode_rate_table(records)
     if rates:
@@ -177,25 +184,36 @@ def decode_table(records: List[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bench_serving_table(records: List[dict]) -> str:
-    measured = [r for r in records if any("bench_serving" in p for p in r["points"])]
+def points_table(records: List[dict], key: str, cell: Callable[[dict], str]) -> str:
+    """A row per record with points that have ``key``, a column per C: ``cell`` of
+    the point there, or -."""
+    measured = [r for r in records if any(key in p for p in r["points"])]
     if not measured:
         return ""
     concurrency = sorted({p["concurrency"] for r in measured for p in r["points"]})
     lines = table_head(["config", *(f"C={c}" for c in concurrency)])
     for record in measured:
-        by_c = {p["concurrency"]: p for p in record["points"] if "bench_serving" in p}
-        cells = [
-            (
-                f"{rate_with_spread(by_c[c]['bench_serving'])}, "
-                f"{by_c[c]['bench_serving']['output_tok_s'] / by_c[c]['output_tok_s']:.2f}x"
-                if c in by_c
-                else "-"
-            )
-            for c in concurrency
-        ]
+        by_c = {p["concurrency"]: p for p in record["points"] if key in p}
+        cells = [cell(by_c[c]) if c in by_c else "-" for c in concurrency]
         lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def bench_serving_table(records: List[dict]) -> str:
+    def cell(point: dict) -> str:
+        theirs = point["bench_serving"]
+        ratio = theirs["output_tok_s"] / point["output_tok_s"]
+        return f"{rate_with_spread(theirs)}, {ratio:.2f}x"
+
+    return points_table(records, "bench_serving", cell)
+
+
+def latency_table(records: List[dict]) -> str:
+    return points_table(
+        records,
+        "latency_mean_ms",
+        lambda p: f"{p['ttft_mean_ms']:.0f} / {p['latency_mean_ms']:.0f}",
+    )
 
 
 def decode_rate_table(records: List[dict]) -> str:

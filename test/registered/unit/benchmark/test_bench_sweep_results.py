@@ -1205,6 +1205,14 @@ class TestBenchSweepResults(CustomTestCase):
             set(sweep.results.summary_point(record["points"][0])), SUMMARY_POINT_KEYS
         )
 
+    def test_mean_latencies_are_tabled_where_recorded(self):
+        record = self.record("nospec", 100.0)
+        record["points"][1].update(ttft_mean_ms=51.4, latency_mean_ms=2812.6)
+        table = sweep.tables.latency_table([record, self.record("eagle3-topk1", 1)])
+        self.assertIn("| config | C=1 | C=8 |", table)
+        self.assertIn("| nospec | - | 51 / 2813 |", table)
+        self.assertNotIn("eagle3-topk1", table)
+
     def test_bench_serving_runs_at_every_point_or_at_the_c_listed(self):
         def parse(*flags: str) -> argparse.Namespace:
             with mock.patch.object(sys, "argv", ["bench_sweep.py", *flags]):
