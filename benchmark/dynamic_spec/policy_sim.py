@@ -112,39 +112,51 @@ def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
     the steps right after a switch took beyond their mode's usual step; and the
     gaps between two steps of one mode longer than twice its usual step (a
     prefill ran between them, or the server idled): how many, their median excess
-    and its share."""
+    and its share. A mode's usual step is the median of its steps not after a
+    switch at the same batch bucket (a power of two): steps of different sizes
+    are not compared."""
     decisions = [r for r in records if "decision" in r]
-    steps: Dict[Tuple[str, bool], List[float]] = {}
+    steps: Dict[Tuple[str, int, bool], List[float]] = {}
     previous = None
     for this, following in zip(decisions, decisions[1:]):
         mode = "plain" if this["decision"] == PLAIN else "spec"
         switched = previous is not None and mode != previous
-        steps.setdefault((mode, switched), []).append(following["t"] - this["t"])
+        bucket = 1 << (this["batch_size"] - 1).bit_length()
+        steps.setdefault((mode, bucket, switched), []).append(
+            following["t"] - this["t"]
+        )
         previous = mode
     if not steps:
         return {}
     wall = decisions[-1]["t"] - decisions[0]["t"]
-    median = {key: statistics.median(gaps) for key, gaps in steps.items()}
+    usual = {
+        (mode, bucket): statistics.median(gaps)
+        for (mode, bucket, switched), gaps in steps.items()
+        if not switched
+    }
     excess = sum(
-        sum(after) - len(after) * median.get((mode, False), median[(mode, True)])
-        for (mode, switched), after in steps.items()
+        sum(after) - len(after) * usual.get((mode, bucket), statistics.median(after))
+        for (mode, bucket, switched), after in steps.items()
         if switched
     )
     gap_excess = [
-        gap - median[(mode, False)]
-        for (mode, switched), gaps in steps.items()
+        gap - usual[(mode, bucket)]
+        for (mode, bucket, switched), gaps in steps.items()
         if not switched
         for gap in gaps
-        if gap > 2 * median[(mode, False)]
+        if gap > 2 * usual[(mode, bucket)]
     ]
+    pooled: Dict[Tuple[str, bool], List[float]] = {}
+    for (mode, _, switched), gaps in steps.items():
+        pooled.setdefault((mode, switched), []).extend(gaps)
     return {
         "decode_steps": len(decisions) - 1,
-        "switches": sum(len(v) for (_, switched), v in steps.items() if switched),
+        "switches": sum(len(v) for (_, _, switched), v in steps.items() if switched),
         "wall_seconds": wall,
         "median_ms": {
             f"{mode}{' after a switch' if switched else ''}": 1e3
-            * median[(mode, switched)]
-            for (mode, switched) in sorted(steps)
+            * statistics.median(pooled[(mode, switched)])
+            for (mode, switched) in sorted(pooled)
         },
         "switch_excess_share": excess / wall if wall > 0 else 0.0,
         "long_gaps": len(gap_excess),
