@@ -104,6 +104,22 @@ class TestEnvironment(CustomTestCase):
         self.assertEqual(wall["long_gaps"], 0)
         self.assertEqual(sim.step_wall_times(trace[:1]), {})
 
+    def test_steps_are_compared_within_their_batch_bucket(self):
+        # Switches that cost nothing, at batch 8 (plain 5 ms, spec 12 ms) and 128
+        # (plain 20 ms, spec 60 ms): neither excess nor long gaps.
+        t, trace = 0.0, []
+        for batch_size, seconds in (
+            (8, {0: 0.005, 3: 0.012}),
+            (128, {0: 0.02, 3: 0.06}),
+        ):
+            for mode in [0] * 10 + [3] * 10 + [0] * 10:
+                trace.append(dict(decision(mode, t), batch_size=batch_size))
+                t += seconds[mode]
+        wall = sim.step_wall_times(trace)
+        self.assertEqual(wall["switches"], 4)
+        self.assertAlmostEqual(wall["switch_excess_share"], 0.0)
+        self.assertEqual(wall["long_gaps"], 0)
+
     def test_gaps_with_a_prefill_between_two_steps(self):
         # Plain steps of 5 ms; a prefill of 20 ms after every fifth step.
         t, trace = 0.0, []
