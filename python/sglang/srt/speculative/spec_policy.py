@@ -28,7 +28,7 @@ memory check, so that the step's KV reservation follows it
 adaptive tiers, which move with the acceptance every rank observes) are
 identical on every TP rank, so every rank reaches the same decision without
 any communication. ``auto`` also needs the step times, which differ between
-ranks: it averages the ranks' medians (a CPU all-reduce every
+ranks: it averages the ranks' low medians (a CPU all-reduce every
 ``AUTO_FOLD_INTERVAL`` decode steps) before deciding from them.
 """
 
@@ -272,7 +272,7 @@ def throughput_spec_policy(
     among the plain step and the speculative step counts the worker captured (the
     adaptive controller's candidates, or ``--speculative-num-steps``); its step
     times are folded over the TP ranks every ``AUTO_FOLD_INTERVAL`` decode steps
-    (the mean of the ranks' medians); its largest batch bucket covers the running
+    (the mean of the ranks' low medians); its largest batch bucket covers the running
     batch the target's model runner allows."""
     tp_size = server_args.tp_size
     initial_steps = server_args.speculative_num_steps

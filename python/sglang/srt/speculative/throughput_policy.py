@@ -515,7 +515,7 @@ class DecodeStepTimer:
 
     WINDOW = 3
 
-    def __init__(self):
+    def __init__(self) -> None:
         # (forward_iter, launch time, num_steps, batch size) of the last launches.
         self._launches: Deque[Tuple[int, float, int, int]] = collections.deque(
             maxlen=self.WINDOW
