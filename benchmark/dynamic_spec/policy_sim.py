@@ -121,7 +121,7 @@ def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
     for this, following in zip(decisions, decisions[1:]):
         mode = "plain" if this["decision"] == PLAIN else "spec"
         switched = previous is not None and mode != previous
-        bucket = 1 << (this["batch_size"] - 1).bit_length()
+        bucket = power_of_two_buckets(this["batch_size"])[-1]
         steps.setdefault((mode, bucket, switched), []).append(
             following["t"] - this["t"]
         )

@@ -340,7 +340,7 @@ class ThroughputPolicy:
         bucket = self.costs.bucket(batch_size)
         mode, reason = self._mode_by_rates(rates, bucket)
         chosen = mode
-        explore = self._exploration(mode, rates, batch_size)
+        explore = self._exploration(mode, rates, batch_size, bucket)
         if explore is not None:
             chosen, reason = explore
         toggled = (chosen != PLAIN) != self._last_speculated
@@ -376,13 +376,16 @@ class ThroughputPolicy:
         return best, REASON_BEST
 
     def _exploration(
-        self, mode: int, rates: Dict[int, Optional[float]], batch_size: int
+        self,
+        mode: int,
+        rates: Dict[int, Optional[float]],
+        batch_size: int,
+        bucket: int,
     ) -> Optional[Tuple[int, str]]:
         """(mode, reason) of a calibration or probe step instead of ``mode``."""
         if self._explore_left > 0:
             self._explore_left -= 1
             return self._exploring
-        bucket = self.costs.bucket(batch_size)
         for other in self.modes:
             last = self._calibrated_at.get((other, bucket))
             due = last is None or self._num_decisions - last >= self.probe_interval
@@ -392,15 +395,17 @@ class ThroughputPolicy:
                 return self._start_exploring(
                     other, REASON_CALIBRATE, self.calibrate_steps
                 )
+        # The interval in time is never shorter than in steps: most decisions end here.
+        if self._steps_since_explore + 1 < self._probe_interval_now:
+            return None
         others = [m for m in self.modes if m != mode]
         other = max(others, key=lambda m: (rates[m] or 0.0, m))
         hopeless = mode == PLAIN and not self._speculation_could_pay(
             batch_size, rates[PLAIN]
         )
-        interval = self._probe_interval_now
-        if hopeless:
-            interval *= self._step_cost_ratio(other, mode, batch_size)
-        if self._steps_since_explore + 1 < math.ceil(interval):
+        if hopeless and self._steps_since_explore + 1 < math.ceil(
+            self._probe_interval_now * self._step_cost_ratio(other, mode, batch_size)
+        ):
             return None
         self.num_probes += 1
         if hopeless:
