@@ -11,7 +11,8 @@ a dwell so that a batch at the crossover does not flip every step.
   there: decode steps timed alone (steps with a prefill in them are not fed), or
   with TP the ranks' mean of their low medians over a fold. Times measured while
   serving price attention at the context lengths actually served, which a replay
-  of the captured graphs (at their capture-time lengths) would not.
+  of the captured graphs (at their capture-time lengths) would not. A bucket not
+  timed yet costs the lower bound its timed neighbours give.
 * ``AcceptanceEstimate``: ``E[accept length | m]`` observed over speculative steps
   (an EMA per step count); step counts not observed yet are predicted from the
   per-token acceptance of a chain fitted to the ones that were
@@ -103,8 +104,8 @@ class StepCosts:
     low median of its last ``window`` samples. Step times are noisy upwards (a first
     step at a new size, a host stall such as a garbage collection): the median
     keeps slow steps from setting a bucket's cost, and the low one does so even with
-    two samples, where a median would be their mean. Unmeasured entries are None
-    until their first sample."""
+    two samples, where a median would be their mean. A bucket without samples is
+    priced from its neighbours (``_lower_bound``)."""
 
     def __init__(
         self,
@@ -153,13 +154,40 @@ class StepCosts:
         return self.batch_sizes[self._index(batch_size)]
 
     def estimate(self, mode: int, batch_size: int) -> Optional[float]:
-        """T_mode(batch_size), or None while its bucket is unmeasured; beyond the
-        largest bucket, its time per request times the batch size."""
+        """T_mode(batch_size): its bucket's time (beyond the largest bucket, its
+        time per request times the batch size); at an unmeasured bucket, the lower
+        bound its measured neighbours give; None while the mode is unmeasured at
+        every bucket."""
         i = self._index(batch_size)
-        seconds, bucket = self._seconds[mode][i], self.batch_sizes[i]
-        if seconds is None or batch_size <= bucket:
-            return seconds
-        return seconds * batch_size / bucket
+        row = self._seconds[mode]
+        if row[i] is None:
+            return self._lower_bound(row, i, batch_size)
+        if batch_size <= self.batch_sizes[i]:
+            return row[i]
+        return row[i] * batch_size / self.batch_sizes[i]
+
+    def _lower_bound(
+        self, row: List[Optional[float]], i: int, batch_size: int
+    ) -> Optional[float]:
+        """At least what the nearest smaller measured bucket costs, and at least the
+        nearest larger one's time per request times the batch size. Optimistic on
+        purpose: the policy then tends to run the unmeasured mode, which times it;
+        a pessimistic guess would keep it from ever running there."""
+        below = next((row[j] for j in range(i - 1, -1, -1) if row[j] is not None), None)
+        above = next(
+            (
+                row[j] * batch_size / self.batch_sizes[j]
+                for j in range(i + 1, len(row))
+                if row[j] is not None
+            ),
+            None,
+        )
+        bounds = [b for b in (below, above) if b is not None]
+        return max(bounds) if bounds else None
+
+    def is_measured(self, mode: int, batch_size: int) -> bool:
+        """Whether the mode has been timed at this batch size's bucket."""
+        return self._seconds[mode][self._index(batch_size)] is not None
 
     def observe(self, mode: int, batch_size: int, seconds: float) -> None:
         """Add the measured time of one decode step (no prefill in it) to its
@@ -248,7 +276,7 @@ class ThroughputPolicy:
 
     A mode not yet timed at the batch's bucket is run for ``calibrate_steps`` steps
     (``calibrate``), at most once per ``probe_interval`` steps while its time has not
-    arrived; after ``probe_interval`` steps in one mode, the best other mode runs for
+    arrived (meanwhile it is priced at the lower bound of its timed neighbours); after ``probe_interval`` steps in one mode, the best other mode runs for
     ``explore_steps`` (``probe``), which keeps its time and, while plain, the
     acceptance current. Probes cost ``explore_steps / probe_interval`` of the steps,
     run at the other mode's throughput. While plain where no speculative mode would
@@ -389,7 +417,7 @@ class ThroughputPolicy:
         for other in self.modes:
             last = self._calibrated_at.get((other, bucket))
             due = last is None or self._num_decisions - last >= self.probe_interval
-            if other != mode and rates[other] is None and due:
+            if other != mode and not self.costs.is_measured(other, batch_size) and due:
                 self._calibrated_at[(other, bucket)] = self._num_decisions
                 self.num_calibrations += 1
                 return self._start_exploring(
@@ -512,38 +540,46 @@ class DecodeStepTimer:
     mode and batch size. The interval between two consecutive launches of the
     running batch is one decode step's time when no other batch (a prefill) ran in
     between; under the overlap scheduler it is the time of the step launched two
-    before, so a sample counts only if the last three steps ran the same mode at
-    the same batch size, one after another. A step in which requests finished is
-    left out too: freeing them and streaming their last tokens is host work of no
-    mode, done between launches.
+    before, so a sample counts only if the last three steps ran the same mode in
+    the same batch bucket, one after another. Requests may finish in them: under
+    load some finish in most steps, and a timer that waited for a step without
+    one could wait for good.
     """
 
     WINDOW = 3
 
-    def __init__(self) -> None:
-        # (forward_iter, launch time, num_steps, batch size) of the last launches.
-        self._launches: Deque[Tuple[int, float, int, int]] = collections.deque(
+    def __init__(self, bucket: Callable[[int], int]) -> None:
+        self._bucket = bucket
+        # (forward_iter, launch time, num_steps, batch bucket, batch size) of the
+        # last launches.
+        self._launches: Deque[Tuple[int, float, int, int, int]] = collections.deque(
             maxlen=self.WINDOW
         )
 
     def record(
         self, forward_iter: int, launch_ts: float, num_steps: int, batch_size: int
     ) -> Optional[StepSample]:
-        launch = (forward_iter, launch_ts, num_steps, batch_size)
         if self._launches and self._launches[-1][0] == forward_iter:
             return None  # the batch has not run since the last call
+        launch = (
+            forward_iter,
+            launch_ts,
+            num_steps,
+            self._bucket(batch_size),
+            batch_size,
+        )
         self._launches.append(launch)
         if len(self._launches) < self.WINDOW:
             return None
         first = self._launches[0]
         contiguous = all(
-            later[0] == first[0] + i and later[2:] == first[2:]
+            later[0] == first[0] + i and later[2:4] == first[2:4]
             for i, later in enumerate(self._launches)
         )
         if not contiguous:
             return None
         seconds = self._launches[-1][1] - self._launches[-2][1]
-        return StepSample(num_steps, batch_size, seconds)
+        return StepSample(num_steps, first[4], seconds)
 
 
 class PendingObservations:
@@ -727,7 +763,7 @@ class ThroughputSpecPolicy:
             min_dwell_steps=min_dwell_steps,
             **policy_kwargs,
         )
-        self.timer = DecodeStepTimer()
+        self.timer = DecodeStepTimer(self.policy.costs.bucket)
         self.pending = PendingObservations(modes, buckets)
         self.reduce = reduce
         self.fold_interval = fold_interval

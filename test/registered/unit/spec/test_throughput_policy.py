@@ -117,8 +117,19 @@ class TestStepCosts(CustomTestCase):
         table.observe(PLAIN, 8, 0.016)
         self.assertEqual(table.estimate(PLAIN, 8), 0.012)  # the lower of two
         self.assertIsNone(table.estimate(3, 8))
-        self.assertIsNone(table.estimate(PLAIN, 64))
         self.assertEqual(table.bucket(100), 64)
+
+    def test_an_unmeasured_bucket_costs_the_lower_bound_of_its_neighbours(self):
+        table = StepCosts.unmeasured([PLAIN, 3], [1, 8, 64, 256])
+        table.observe(PLAIN, 256, 0.040)
+        self.assertFalse(table.is_measured(PLAIN, 64))
+        self.assertAlmostEqual(table.estimate(PLAIN, 64), 0.010)  # 256's, / 4
+        table.observe(PLAIN, 8, 0.012)
+        self.assertAlmostEqual(table.estimate(PLAIN, 64), 0.012)  # at least 8's
+        self.assertAlmostEqual(table.estimate(PLAIN, 40), 0.012)
+        self.assertAlmostEqual(table.estimate(PLAIN, 1), 0.0015)  # 8's, / 8
+        self.assertTrue(table.is_measured(PLAIN, 200))
+        self.assertIsNone(table.estimate(3, 64))  # measured nowhere
 
     def test_eager_batches_beyond_the_graphs_are_not_fed(self):
         table = costs()
@@ -309,6 +320,22 @@ class TestThroughputPolicy(CustomTestCase):
         # a new bucket is calibrated again
         self.assertEqual(p.decide(1).reason, REASON_CALIBRATE)
 
+    def test_an_untimed_mode_is_priced_from_its_neighbours(self):
+        # Plain steps not timed at batch 128 yet (their calibration may time none:
+        # a prefill every few steps): the policy prices them from buckets 64 and
+        # 256 and runs them, rather than speculating at ~3x a plain step's time
+        # until a plain step there has been timed.
+        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
+        for bs, plain, spec in zip(SIZES, PLAIN_SECONDS, SPEC3_SECONDS):
+            if bs != 128:
+                table.observe(PLAIN, bs, plain)
+            table.observe(3, bs, spec)
+        p = ThroughputPolicy(
+            table, AcceptanceEstimate([3], {3: 2.952}), min_dwell_steps=0
+        )
+        modes = [p.decide(128).num_steps for _ in range(50)]
+        self.assertEqual(modes, [PLAIN] * 50)
+
     def test_picks_the_best_step_count(self):
         table = StepCosts(
             {
@@ -350,8 +377,12 @@ class TestThroughputPolicy(CustomTestCase):
 
 
 class TestDecodeStepTimer(CustomTestCase):
+    @staticmethod
+    def timer() -> DecodeStepTimer:
+        return DecodeStepTimer(StepCosts.unmeasured([PLAIN, 3], [1, 8, 64]).bucket)
+
     def test_three_contiguous_launches_of_one_mode_give_one_interval(self):
-        timer = DecodeStepTimer()
+        timer = self.timer()
         self.assertIsNone(timer.record(10, 1.00, 3, 7))
         self.assertIsNone(timer.record(11, 1.02, 3, 7))
         sample = timer.record(12, 1.05, 3, 7)
@@ -359,19 +390,31 @@ class TestDecodeStepTimer(CustomTestCase):
         self.assertAlmostEqual(sample.seconds, 0.03)
         self.assertAlmostEqual(timer.record(13, 1.09, 3, 7).seconds, 0.04)
 
-    def test_no_sample_across_a_prefill_a_mode_switch_or_a_finished_request(self):
+    def test_no_sample_across_a_prefill_a_mode_switch_or_a_bucket_change(self):
         for second, third in [
             ((11, 1.02, 3, 6), (13, 1.05, 3, 6)),  # a prefill ran as forward 12
             ((11, 1.02, PLAIN, 6), (12, 1.05, PLAIN, 6)),  # the mode just changed
-            ((11, 1.02, 3, 6), (12, 1.05, 3, 5)),  # a request finished
+            ((11, 1.02, 3, 6), (12, 1.05, 3, 9)),  # the batch moved to bucket 64
         ]:
-            timer = DecodeStepTimer()
+            timer = self.timer()
             timer.record(10, 1.00, 3, 6)
             timer.record(*second)
             self.assertIsNone(timer.record(*third), (second, third))
 
+    def test_steps_in_which_requests_finish_are_timed(self):
+        # Under load requests finish in most steps (at a batch of 128 and four
+        # tokens per step, every third one at least): they must not starve the
+        # timer, or a mode calibrated there never gets its time.
+        timer = self.timer()
+        sizes = [64, 62, 62, 59, 57]
+        samples = [
+            timer.record(10 + k, 1.0 + 0.01 * k, PLAIN, size)
+            for k, size in enumerate(sizes)
+        ]
+        self.assertEqual([s.batch_size for s in samples[2:]], sizes[:3])
+
     def test_a_batch_that_did_not_run_again_is_not_counted_twice(self):
-        timer = DecodeStepTimer()
+        timer = self.timer()
         for launch in [(10, 1.0, 3, 5), (11, 1.02, 3, 5), (12, 1.05, 3, 5)]:
             timer.record(*launch)
         self.assertIsNone(timer.record(12, 1.05, 3, 5))
