@@ -538,6 +538,32 @@ class TestThroughputSpecPolicy(CustomTestCase):
             policy.get_state()["step_costs_seconds"]["0"][128], 0.0135
         )
 
+    def test_times_a_closed_loop_where_requests_finish_every_few_steps(self):
+        """A closed loop at 128 as the 2026-12-03 sweep ran it: requests finish in
+        every third step, and the prefill of their replacements runs before the
+        next one. The plain step must get timed there, and win (a speculative
+        step takes 62 ms for 3.7 tokens per request, a plain one 9.7 ms)."""
+        policy = self.spec_policy(fold_interval=16)
+        clock = {"forward": 0, "t": 0.0}
+        self.run_steps(policy, 16, 50, {PLAIN: 0.0054, 3: 0.012}, 3.7, clock)
+        batch = self.decode_batch(128)
+        chosen = []
+        for k in range(600):
+            size = 124 if k % 3 == 2 else 128
+            batch.batch_size = lambda size=size: size
+            policy.plan_decode_step(batch)
+            plain = batch.spec_plain_step
+            chosen.append(plain)
+            clock["forward"] += 1 if k % 3 else 2  # a prefill ran before
+            clock["t"] += 0.0097 if plain else 0.062
+            batch.forward_iter, batch.launch_ts = clock["forward"], clock["t"]
+            if not plain:
+                policy.observe_verify(3, [3] * size)
+        self.assertGreater(chosen.count(True), 0.95 * len(chosen))
+        self.assertAlmostEqual(
+            policy.get_state()["step_costs_seconds"]["0"][128], 0.0097
+        )
+
     def test_chooses_among_the_adaptive_step_counts(self):
         """With --speculative-adaptive: plain, 1 or 3 draft steps, whichever the
         measured times and acceptance favour at each batch size; the worker gets
