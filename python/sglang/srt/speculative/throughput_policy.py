@@ -74,7 +74,8 @@ REASON_BEST = "best_throughput"  # the mode with the best expected tokens/s
 REASON_MARGIN = "within_margin"  # another mode is better, but not by the margin
 REASON_DWELL = "dwell"  # another mode is better, but the dwell has not elapsed
 REASON_PROBE = "probe"  # another mode's step, refreshing its time and acceptance
-# A mode's first steps at a batch size, and the steps while a mode there is untimed.
+# A mode's first steps at a batch bucket, and the steps while a mode is untimed
+# at every bucket.
 REASON_CALIBRATE = "calibrate"
 
 
@@ -276,7 +277,8 @@ class ThroughputPolicy:
 
     A mode not yet timed at the batch's bucket is run for ``calibrate_steps`` steps
     (``calibrate``), at most once per ``probe_interval`` steps while its time has not
-    arrived (meanwhile it is priced at the lower bound of its timed neighbours); after ``probe_interval`` steps in one mode, the best other mode runs for
+    arrived (meanwhile it is priced at the lower bound of its timed neighbours);
+    after ``probe_interval`` steps in one mode, the best other mode runs for
     ``explore_steps`` (``probe``), which keeps its time and, while plain, the
     acceptance current. Probes cost ``explore_steps / probe_interval`` of the steps,
     run at the other mode's throughput. While plain where no speculative mode would
