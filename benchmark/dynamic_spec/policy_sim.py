@@ -16,9 +16,11 @@ tokens/s compare like the phases of a benchmark's ramp.
 
 Policies: ``nospec``, ``always`` (the largest step count), ``threshold:N`` (the fixed
 thresholds, spec_policy.SpecPolicy) and ``auto`` (the server's
-throughput_policy.ThroughputPolicy, fed every step: step times and acceptance learned
-only from the steps it runs, unmeasured modes calibrated, the other mode probed; the
-server's step timer and its folds over TP ranks are not simulated).
+throughput_policy.ThroughputSpecPolicy on a single GPU, its step timer included: step
+times and acceptance learned only from the steps it runs, a step timed only after
+three launches of one mode in one batch bucket with no prefill between them; before a
+step a prefill runs at the rate the trace's decisions show for its bucket, where the
+running batch grew).
 
     python benchmark/dynamic_spec/policy_sim.py --trace run.jsonl \\
         --policies nospec,always,threshold:32,threshold:64,auto
@@ -31,15 +33,15 @@ import bisect
 import gzip
 import json
 import statistics
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
-from sglang.srt.speculative.spec_policy import SpecPolicy
+from sglang.srt.speculative.spec_policy import DEFAULT_MIN_DWELL_STEPS, SpecPolicy
 from sglang.srt.speculative.throughput_policy import (
     PLAIN,
-    AcceptanceEstimate,
     StepCosts,
-    ThroughputPolicy,
+    ThroughputSpecPolicy,
     chain_accept_length,
     fit_chain_acceptance,
     power_of_two_buckets,
@@ -52,10 +54,13 @@ class Environment:
     acceptance of a chain (speculative steps yield its accept length).
 
     acceptance: (from second, p) pairs in time order, the first from 0.
+    prefill_rate: per power-of-two batch bucket, the share of decode steps a prefill
+    runs before (none where absent).
     """
 
     costs: Dict[int, Dict[int, float]]
     acceptance: List[Tuple[float, float]]
+    prefill_rate: Dict[int, float] = field(default_factory=dict)
 
     @property
     def speculative_steps(self) -> List[int]:
@@ -226,7 +231,20 @@ def environment_from_trace(
     missing = [(m, b) for m in modes for b in batch_sizes if b not in costs[m]]
     if missing:
         raise ValueError(f"the trace has no step of (mode, batch bucket) {missing[:5]}")
-    return Environment(costs=costs, acceptance=acceptance)
+    return Environment(costs, acceptance, prefill_rates(records))
+
+
+def prefill_rates(records: Sequence[dict]) -> Dict[int, float]:
+    """Per power-of-two batch bucket, the share of the trace's decode steps before
+    which the running batch grew (a prefill had joined it)."""
+    sizes = [r["batch_size"] for r in records if "decision" in r]
+    steps: Counter = Counter()
+    grown: Counter = Counter()
+    for before, size in zip(sizes, sizes[1:]):
+        bucket = power_of_two_buckets(size)[-1]
+        steps[bucket] += 1
+        grown[bucket] += size > before
+    return {bucket: grown[bucket] / n for bucket, n in steps.items()}
 
 
 class SimPolicy(Protocol):
@@ -265,28 +283,81 @@ class _Threshold(_Static):
         return self.num_steps if self.policy.decide(batch_size).speculate else PLAIN
 
 
+class _DecodeMode:
+    @staticmethod
+    def is_decode() -> bool:
+        return True
+
+
+@dataclass
+class _RunningBatch:
+    """What ThroughputSpecPolicy reads and writes of the scheduler's running batch."""
+
+    size: int = 1
+    forward_iter: Optional[int] = None
+    launch_ts: Optional[float] = None
+    spec_plain_step: bool = False
+    spec_prev_plain_step: bool = False
+    spec_num_steps: Optional[int] = None
+    forward_mode: _DecodeMode = field(default_factory=_DecodeMode)
+
+    def batch_size(self) -> int:
+        return self.size
+
+
 class _Auto:
-    def __init__(self, env: Environment, prior_accept_length: float):
+    """The server's policy object on a batch the simulator launches: each step's
+    launch is recorded as the scheduler records it, a forward number apart (two
+    where a prefill ran before it), at the time the steps before it took."""
+
+    def __init__(self, env: Environment):
         steps = env.speculative_steps
-        batch_sizes = sorted(next(iter(env.costs.values())))
-        self.policy = ThroughputPolicy(
-            StepCosts.unmeasured(list(env.costs), batch_sizes),
-            AcceptanceEstimate(steps, {max(steps): prior_accept_length}),
+        self.policy = ThroughputSpecPolicy(
+            speculative_steps=steps,
+            initial_steps=max(steps),
+            sets_step_count=len(steps) > 1,
+            max_batch_size=max(next(iter(env.costs.values()))),
+            min_dwell_steps=DEFAULT_MIN_DWELL_STEPS,
+            reduce=None,
+            fold_interval=1,
         )
+        self.prefill_rate = env.prefill_rate
+        self.batch = _RunningBatch()
+        self._clock = 0.0
+        self._forward_iter = 0
+        self._prefill_credit: Dict[int, float] = {}
 
     def decide(self, batch_size: int) -> int:
-        return self.policy.decide(batch_size).num_steps
+        self.batch.size = batch_size
+        self.policy.plan_decode_step(self.batch)
+        if self.batch.spec_plain_step:
+            return PLAIN
+        return self.batch.spec_num_steps or self.policy.initial_steps
 
     def observe(
         self, num_steps: int, batch_size: int, num_tokens: float, seconds: float
     ) -> None:
-        self.policy.observe(num_steps, batch_size, num_tokens, seconds)
+        self._forward_iter += 1 + self._prefill_before(batch_size)
+        self.batch.forward_iter = self._forward_iter
+        self.batch.launch_ts = self._clock
+        self._clock += seconds
+        if num_steps != PLAIN:
+            self.policy.pending.add_verify(num_steps, num_tokens, batch_size)
+
+    def _prefill_before(self, batch_size: int) -> int:
+        """1 if a prefill runs before this step: at its bucket's rate, evenly."""
+        bucket = power_of_two_buckets(batch_size)[-1]
+        credit = self._prefill_credit.get(bucket, 0.0)
+        credit += self.prefill_rate.get(bucket, 0.0)
+        due = credit >= 1.0
+        self._prefill_credit[bucket] = credit - due
+        return int(due)
 
 
 STATIC = ("nospec", "always")
 
 
-def make_policy(spec: str, env: Environment, prior_accept_length: float) -> SimPolicy:
+def make_policy(spec: str, env: Environment) -> SimPolicy:
     longest = max(env.speculative_steps)
     name, _, arg = spec.partition(":")
     if name == "nospec":
@@ -296,7 +367,7 @@ def make_policy(spec: str, env: Environment, prior_accept_length: float) -> SimP
     if name == "threshold":
         return _Threshold(int(arg), longest)
     if name == "auto":
-        return _Auto(env, prior_accept_length)
+        return _Auto(env)
     raise ValueError(f"unknown policy {spec!r}")
 
 
@@ -339,12 +410,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "--phases", help="the workload, e.g. 1x2,64x4 (batch x seconds)"
     )
     parser.add_argument("--policies", default="nospec,always,auto")
-    parser.add_argument(
-        "--prior-accept-length",
-        type=float,
-        default=1.0,
-        help="auto's acceptance before its first speculative step",
-    )
     args = parser.parse_args(argv)
 
     if args.trace:
@@ -367,7 +432,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         workload = parse_phases(args.phases)
 
     results = {
-        spec: simulate(make_policy(spec, env, args.prior_accept_length), env, workload)
+        spec: simulate(make_policy(spec, env), env, workload)
         for spec in args.policies.split(",")
     }
     static = [r["tokens_per_second"] for s, r in results.items() if s in STATIC]

@@ -42,12 +42,12 @@ SWEEP_TRACE = str(
 )
 
 
-def decision(num_steps: int, t: float) -> dict:
-    return {"decision": num_steps, "reason": "x", "batch_size": 8, "t": t}
+def decision(num_steps: int, t: float, batch_size: int = 8) -> dict:
+    return {"decision": num_steps, "reason": "x", "batch_size": batch_size, "t": t}
 
 
 def run(policy: str, env, phases):
-    return sim.simulate(sim.make_policy(policy, env, 1.0), env, phases)
+    return sim.simulate(sim.make_policy(policy, env), env, phases)
 
 
 class TestEnvironment(CustomTestCase):
@@ -81,7 +81,18 @@ class TestEnvironment(CustomTestCase):
         self.assertEqual(sim.phases_of_trace(trace)[3], (64, 0.016))
         self.assertEqual(len(sim.phases_of_trace(trace)), 5)
         decisions = [decision(0, 0.01 * i) for i in range(3)]
-        self.assertEqual(sim.environment_from_trace(trace + decisions, buckets), env)
+        with_decisions = sim.environment_from_trace(trace + decisions, buckets)
+        self.assertEqual(with_decisions.costs, env.costs)
+        self.assertEqual(with_decisions.acceptance, env.acceptance)
+
+    def test_prefill_rates_from_the_decisions(self):
+        # Batch 128 grows back after every second step (requests finished, their
+        # replacements' prefill ran); batch 1 never grows.
+        sizes = [1, 1, 1] + [128, 126] * 4
+        trace = [decision(0, 0.01 * i, batch_size=bs) for i, bs in enumerate(sizes)]
+        rates = sim.prefill_rates(trace)
+        self.assertEqual(rates[1], 0.0)
+        self.assertAlmostEqual(rates[128], 4 / 8)
 
     def test_wall_time_of_the_steps_after_a_switch(self):
         # Plain steps of 5 ms, speculative ones of 12 ms, and the first step of each
@@ -193,6 +204,19 @@ class TestSimulate(CustomTestCase):
         self.assertGreater(results["auto"], 1.05 * best_static)
         self.assertGreater(results["auto"], 0.98 * results["threshold:128"])
         self.assertGreater(results["auto"], results["threshold:16"])
+
+    def test_auto_times_no_step_where_a_prefill_runs_before_each(self):
+        # Batch 128 gets a prefill before every decode step: the server's timer never
+        # sees three launches in a row there, so auto prices both modes from
+        # batches 64 and 256 and runs plain (5818 tok/s against 5398 speculating).
+        env = sim.Environment(COSTS, sim.parse_acceptance("0.8"), {128: 1.0})
+        auto = sim.make_policy("auto", env)
+        sim.simulate(auto, env, [(64, 2.0), (256, 2.0)])
+        at_128 = sim.simulate(auto, env, [(128, 4.0)])
+        costs = auto.policy.get_state()["step_costs_seconds"]
+        self.assertEqual((costs["0"][128], costs["3"][128]), (None, None))
+        self.assertIsNotNone(costs["0"][64])
+        self.assertLess(at_128["spec_step_share"], 0.05)  # one calibration
 
     def test_auto_follows_a_content_shift_no_threshold_can(self):
         env = sim.Environment(COSTS, sim.parse_acceptance("0.95x10,0.4x10"))
