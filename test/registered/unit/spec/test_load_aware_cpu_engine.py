@@ -534,7 +534,7 @@ class TestChainAutoOverlap(CpuEngineTestBase):
         # ones on a CPU) are too large a share to compare policies by.
         phases = sim.phases_of_trace(trace) * 50
         results = {
-            policy: sim.simulate(sim.make_policy(policy, env, 1.0), env, phases)
+            policy: sim.simulate(sim.make_policy(policy, env), env, phases)
             for policy in ("nospec", "always", "auto")
         }
         print(f"[cpu-engine] trace replay {results}")
