@@ -43,9 +43,12 @@ async def steady_loop(
     finish spread over a request's duration instead of together, and the loop never
     drains until the end. The window opens once every client has finished its first
     request and lasts window_seconds; it counts the output tokens generated inside it
-    and the latencies of the requests that finished inside it."""
+    and the latencies of the requests that finished inside it, the requests in flight
+    (below C while clients are slow to send their next request) and how late the
+    client's event loop ran a ready task at worst (a stalled client sends nothing)."""
     prompts = iter(prompts)
     timed: List[RequestResult] = []
+    lags: List[Tuple[float, float]] = []
     staggered, closing = 0, False
     async with client_session() as session:
 
@@ -60,6 +63,7 @@ async def steady_loop(
                 timed.append(await one_request(session, url, next(prompts), output_len))
 
         window_open = asyncio.Event()
+        watcher = asyncio.create_task(sample_loop_lag(lags))
         clients = [asyncio.create_task(client(slot)) for slot in range(concurrency)]
         opened = asyncio.create_task(window_open.wait())
         await asyncio.wait([opened, *clients], return_when=asyncio.FIRST_COMPLETED)
@@ -69,13 +73,41 @@ async def steady_loop(
         await asyncio.sleep(window_seconds)
         end, cpu = time.perf_counter(), time.process_time() - cpu_start
         closing = True
+        watcher.cancel()
         await asyncio.gather(*clients)
     return Run(
         [r for r in timed if start <= r.finished_at < end],
         sum(tokens_in_window(r, start, end) for r in timed),
         end - start,
         cpu,
+        in_flight=requests_in_flight(timed, start, end),
+        loop_lag_max=max((lag for t, lag in lags if start <= t < end), default=0.0),
     )
+
+
+# How often the client's event loop is asked to wake a probe task.
+LAG_PROBE_SECONDS = 0.005
+
+
+async def sample_loop_lag(lags: List[Tuple[float, float]]) -> None:
+    """Until cancelled, (wake-up time, seconds late) of a task that asks to wake every
+    LAG_PROBE_SECONDS: how long the event loop kept a ready task waiting."""
+    while True:
+        due = time.perf_counter() + LAG_PROBE_SECONDS
+        await asyncio.sleep(LAG_PROBE_SECONDS)
+        woke = time.perf_counter()
+        lags.append((woke, woke - due))
+
+
+def requests_in_flight(
+    results: Iterable[RequestResult], start: float, end: float
+) -> float:
+    """The mean number of the requests in flight over [start, end)."""
+    busy = sum(
+        max(0.0, min(end, r.finished_at) - max(start, r.finished_at - r.latency))
+        for r in results
+    )
+    return busy / (end - start)
 
 
 def tokens_in_window(result: RequestResult, start: float, end: float) -> float:

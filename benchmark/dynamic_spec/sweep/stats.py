@@ -32,6 +32,9 @@ class Run:
     tokens: float
     wall: float
     client_cpu: float  # the benchmark's CPU seconds meanwhile
+    # Steady loops: the mean requests in flight, and the client's worst event-loop lag.
+    in_flight: Optional[float] = None
+    loop_lag_max: Optional[float] = None
 
 
 def median_with_spread(rates: Iterable[float]) -> Dict[str, float]:
@@ -71,6 +74,18 @@ def summarize(runs: List[Run]) -> Dict[str, Any]:
             if verify
             else None
         ),
+        **client_pace(runs),
+    }
+
+
+def client_pace(runs: List[Run]) -> Dict[str, float]:
+    """Whether the client kept its concurrency (steady loops): the requests in flight
+    (mean over the runs) and the client's worst event-loop lag."""
+    if any(run.in_flight is None for run in runs):
+        return {}
+    return {
+        "requests_in_flight": mean([run.in_flight for run in runs]),
+        "client_loop_lag_max_ms": 1000 * max(run.loop_lag_max for run in runs),
     }
 
 

@@ -41,6 +41,14 @@ def results_markdown(records: List[dict], title: str) -> str:
             " output tok/s is C times the output tokens over the mean latency):\n\n",
             latencies,
         ]
+    pace = client_pace_table(swept)
+    if pace:
+        sections += [
+            "\nRequests in flight (mean) / the client's worst event-loop lag, ms (a"
+            " closed loop below C, or a lag of a step or more, is the client's, not the"
+            " server's):\n\n",
+            pace,
+        ]
     rates = decode_rate_table(records)
     if rates:
         sections += [
@@ -213,6 +221,15 @@ def latency_table(records: List[dict]) -> str:
         records,
         "latency_mean_ms",
         lambda p: f"{p['ttft_mean_ms']:.0f} / {p['latency_mean_ms']:.0f}",
+    )
+
+
+def client_pace_table(records: List[dict]) -> str:
+    return points_table(
+        records,
+        "requests_in_flight",
+        lambda p: f"{p['requests_in_flight']:.1f} / "
+        f"{p['client_loop_lag_max_ms']:.0f}",
     )
 
 

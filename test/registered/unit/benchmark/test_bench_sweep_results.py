@@ -560,6 +560,38 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertAlmostEqual(before, 6.0)
         self.assertAlmostEqual(after, 5.0)
 
+    def test_requests_in_flight_count_only_the_window(self):
+        # In flight over [0, 5), [2, 6) and [7, 9); the window is [1, 5).
+        results = [
+            sweep.client.RequestResult(0.1, latency, 4, 0, 0, finished_at)
+            for latency, finished_at in ((5.0, 5.0), (4.0, 6.0), (2.0, 9.0))
+        ]
+        self.assertAlmostEqual(sweep.loops.requests_in_flight(results, 1.0, 5.0), 1.75)
+
+    def test_a_steady_loop_reports_a_client_that_stalled(self):
+        step, output_len, concurrency, stall = 0.05, 4, 4, 0.3
+        began = time.perf_counter()
+        stalled = []
+
+        async def one_request(session, url, prompt, output_len):
+            start = time.perf_counter()
+            await asyncio.sleep(step * output_len)
+            end = time.perf_counter()
+            if not stalled and end - began > 1.0:
+                stalled.append(end)
+                time.sleep(stall)  # the event loop runs nothing meanwhile
+            return sweep.client.RequestResult(step, end - start, output_len, 0, 0, end)
+
+        prompts = sweep.client.PromptSource(input_len=4)
+        with mock.patch.object(sweep.loops, "one_request", one_request):
+            run = asyncio.run(
+                sweep.loops.steady_loop("u", prompts, output_len, concurrency, 2.0)
+            )
+        self.assertEqual(len(stalled), 1)
+        self.assertGreater(run.loop_lag_max, stall - 0.05)
+        point = sweep.stats.summarize([run])
+        self.assertGreater(point["client_loop_lag_max_ms"], 1000 * (stall - 0.05))
+
     def test_a_steady_loop_spreads_its_requests_instead_of_running_in_waves(self):
         # A stand-in server decoding every request at one token per `step` seconds.
         # Steps long enough that the host's scheduling jitter (tens of ms on a
@@ -589,6 +621,8 @@ class TestBenchSweepResults(CustomTestCase):
         gaps = [b - a for a, b in zip(finishes, finishes[1:])]
         self.assertGreater(len(finishes), 12)
         self.assertLess(max(gaps), 5 * step)
+        self.assertAlmostEqual(run.in_flight, concurrency, delta=0.3)
+        self.assertLess(run.loop_lag_max, step)
 
     def test_a_repeated_ramp_reports_medians_and_the_spread_of_its_total(self):
         # Phases 1 -> 4 -> 1 of 1 s; run k finishes 10k / 20k / 30k tokens in them.
@@ -1211,6 +1245,15 @@ class TestBenchSweepResults(CustomTestCase):
         table = sweep.tables.latency_table([record, self.record("eagle3-topk1", 1)])
         self.assertIn("| config | C=1 | C=8 |", table)
         self.assertIn("| nospec | - | 51 / 2813 |", table)
+        self.assertNotIn("eagle3-topk1", table)
+
+    def test_the_clients_pace_is_tabled_where_recorded(self):
+        record = self.record("nospec", 100.0)
+        record["points"][1].update(
+            requests_in_flight=7.93, client_loop_lag_max_ms=171.6
+        )
+        table = sweep.tables.client_pace_table([record, self.record("eagle3-topk1", 1)])
+        self.assertIn("| nospec | - | 7.9 / 172 |", table)
         self.assertNotIn("eagle3-topk1", table)
 
     def test_bench_serving_runs_at_every_point_or_at_the_c_listed(self):
