@@ -163,6 +163,13 @@ def generated_pair(
         return child.submit(synthetic_pair, preset, draft_accept).result()
 
 
+def spread_fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"needs 0 <= S < 1, got {text}")
+    return value
+
+
 def parse_args(description: Optional[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -182,6 +189,16 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
         help="measure each point in one closed loop whose requests finish spread out "
         "rather than in waves (staggered first requests, no drain), counting the "
         "tokens generated in a window of --min-point-seconds",
+    )
+    parser.add_argument(
+        "--output-len-spread",
+        type=spread_fraction,
+        default=0.0,
+        metavar="S",
+        help="--steady: draw each request's output length uniformly from --output-len "
+        "x [1 - S, 1 + S] (0 <= S < 1), so that requests a stall lined up do not stay "
+        "in step (with one length they finish, and prefill, together every request "
+        "lifetime after it)",
     )
     parser.add_argument(
         "--repeats",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, Iterator, List, Tuple
 
 from sweep.client import RequestResult, client_session, one_request
 from sweep.stats import Run
@@ -37,16 +38,18 @@ async def steady_loop(
     output_len: int,
     concurrency: int,
     window_seconds: float,
+    length_spread: float = 0.0,
 ) -> Run:
     """A closed loop that does not run in waves: client i of C first generates
-    ceil(output_len * (i + 1) / C) tokens, so its later requests, all of output_len,
-    finish spread over a request's duration instead of together, and the loop never
-    drains until the end. The window opens once every client has finished its first
+    ceil(output_len * (i + 1) / C) tokens, so its later requests, of output_len
+    (output_lengths with length_spread), finish spread over a request's duration
+    instead of together, and the loop never drains until the end. The window opens once every client has finished its first
     request and lasts window_seconds; it counts the output tokens generated inside it
     and the latencies of the requests that finished inside it, the requests in flight
     (below C while clients are slow to send their next request) and how late the
     client's event loop ran a ready task at worst (a stalled client sends nothing)."""
     prompts = iter(prompts)
+    lengths = output_lengths(output_len, length_spread)
     timed: List[RequestResult] = []
     lags: List[Tuple[float, float]] = []
     staggered, closing = 0, False
@@ -60,7 +63,9 @@ async def steady_loop(
             if staggered == concurrency:
                 window_open.set()
             while not closing:
-                timed.append(await one_request(session, url, next(prompts), output_len))
+                timed.append(
+                    await one_request(session, url, next(prompts), next(lengths))
+                )
 
         window_open = asyncio.Event()
         watcher = asyncio.create_task(sample_loop_lag(lags))
@@ -83,6 +88,19 @@ async def steady_loop(
         in_flight=requests_in_flight(timed, start, end),
         loop_lag_max=max((lag for t, lag in lags if start <= t < end), default=0.0),
     )
+
+
+def output_lengths(output_len: int, spread: float, seed: int = 0) -> Iterator[int]:
+    """Endless output lengths: output_len, or with spread > 0 drawn uniformly from
+    output_len * [1 - spread, 1 + spread]. With one length, requests that a stall
+    lined up (sent together once it ended) finish together every request lifetime
+    after it, and their replacements prefill together; varied lengths part them."""
+    rng = random.Random(seed)
+    while True:
+        if not spread:
+            yield output_len
+        else:
+            yield max(1, round(output_len * rng.uniform(1 - spread, 1 + spread)))
 
 
 # How often the client's event loop is asked to wake a probe task.

@@ -50,7 +50,12 @@ def measure_run(
     if args.steady:
         return asyncio.run(
             steady_loop(
-                args.url, prompts, args.output_len, concurrency, args.min_point_seconds
+                args.url,
+                prompts,
+                args.output_len,
+                concurrency,
+                args.min_point_seconds,
+                args.output_len_spread,
             )
         )
     return closed_loops_for(

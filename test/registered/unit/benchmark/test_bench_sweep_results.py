@@ -5,6 +5,8 @@ for machines, markdown and PNG for people). No server, no GPU."""
 import argparse
 import asyncio
 import contextlib
+import io
+import itertools
 import json
 import os
 import statistics
@@ -568,12 +570,13 @@ class TestBenchSweepResults(CustomTestCase):
         ]
         self.assertAlmostEqual(sweep.loops.requests_in_flight(results, 1.0, 5.0), 1.75)
 
-    def test_a_steady_loop_reports_a_client_that_stalled(self):
+    def test_a_steady_loop_varies_lengths_and_reports_a_client_that_stalled(self):
         step, output_len, concurrency, stall = 0.05, 4, 4, 0.3
         began = time.perf_counter()
-        stalled = []
+        stalled, lengths = [], []
 
         async def one_request(session, url, prompt, output_len):
+            lengths.append(output_len)
             start = time.perf_counter()
             await asyncio.sleep(step * output_len)
             end = time.perf_counter()
@@ -585,12 +588,34 @@ class TestBenchSweepResults(CustomTestCase):
         prompts = sweep.client.PromptSource(input_len=4)
         with mock.patch.object(sweep.loops, "one_request", one_request):
             run = asyncio.run(
-                sweep.loops.steady_loop("u", prompts, output_len, concurrency, 2.0)
+                sweep.loops.steady_loop(
+                    "u", prompts, output_len, concurrency, 2.0, length_spread=0.5
+                )
             )
+        later = set(lengths[concurrency:])
+        self.assertTrue(later <= {2, 3, 4, 5, 6} and len(later) > 1, later)
         self.assertEqual(len(stalled), 1)
         self.assertGreater(run.loop_lag_max, stall - 0.05)
         point = sweep.stats.summarize([run])
         self.assertGreater(point["client_loop_lag_max_ms"], 1000 * (stall - 0.05))
+
+    def test_output_lengths_spread_about_the_output_len(self):
+        fixed = itertools.islice(sweep.loops.output_lengths(128, 0.0), 100)
+        self.assertEqual(set(fixed), {128})
+        spread = list(itertools.islice(sweep.loops.output_lengths(128, 0.25), 2000))
+        self.assertGreaterEqual(min(spread), 96)
+        self.assertLessEqual(max(spread), 160)
+        self.assertAlmostEqual(statistics.fmean(spread), 128, delta=2)
+        self.assertGreater(len(set(spread)), 50)
+
+        def parse(*flags: str) -> argparse.Namespace:
+            with mock.patch.object(sys, "argv", ["bench_sweep.py", *flags]):
+                return sweep.cli.parse_args(None)
+
+        self.assertEqual(parse().output_len_spread, 0.0)
+        self.assertEqual(parse("--output-len-spread", "0.25").output_len_spread, 0.25)
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            parse("--output-len-spread", "1")
 
     def test_a_steady_loop_spreads_its_requests_instead_of_running_in_waves(self):
         # A stand-in server decoding every request at one token per `step` seconds.
