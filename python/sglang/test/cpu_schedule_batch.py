@@ -142,10 +142,34 @@ def prefilled_batch(
     rid_prefix: str = "r",
     first_token: int = 100,
 ) -> ScheduleBatch:
+    """An ``extend_batch`` with each request's first output token (``first_token``
+    + its index) appended, as the prefill result leaves them. The caller installs
+    the batch's spec_info."""
+    batch = extend_batch(
+        pools,
+        model_config,
+        spec_algorithm,
+        prompt_lens,
+        max_new_tokens,
+        enable_overlap,
+        rid_prefix,
+    )
+    for i, req in enumerate(batch.reqs):
+        req.output_ids.append(first_token + i)
+    return batch
+
+
+def extend_batch(
+    pools: CpuKVPools,
+    model_config: ModelConfig,
+    spec_algorithm: SpeculativeAlgorithm,
+    prompt_lens: Sequence[int],
+    max_new_tokens: int,
+    enable_overlap: bool,
+    rid_prefix: str = "r",
+) -> ScheduleBatch:
     """Requests with prompts 1..n, each scheduled whole (the extend range the
-    prefill adder sets), prepared for extend, and each request's first output
-    token (``first_token`` + its index) appended, as the prefill result leaves
-    them. The caller installs the batch's spec_info."""
+    prefill adder sets), prepared for extend: the batch a prefill runs."""
     reqs: List[Req] = []
     for i, n in enumerate(prompt_lens):
         sampling_params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -172,6 +196,4 @@ def prefilled_batch(
         spec_algorithm,
     )
     batch.prepare_for_extend()
-    for i, req in enumerate(reqs):
-        req.output_ids.append(first_token + i)
     return batch

@@ -24,6 +24,10 @@ which
 The scheduler allocates the step's KV slot before the step
 (``spec_policy.decode_kv_reserve``); its position, ``seq_len``, is only known
 here, once the overlap future map has resolved the previous step.
+
+A prefill while KV-only plain steps run writes its draft KV the same way
+(``prefills_kv_only``): no draft attention, MLP or LM head over the prompt, its
+last position left pending like a plain step's.
 """
 
 from __future__ import annotations
@@ -57,13 +61,14 @@ from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
     speculative_moe_backend_context,
 )
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
 from sglang.srt.model_executor.runner.base_cuda_graph_runner import freeze_gc
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
     DecodeCudaGraphRunner,
 )
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
+from sglang.srt.speculative.eagle_utils import eagle_prefill_input_ids
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import unverified_decode_backend_reason
@@ -380,6 +385,46 @@ class DraftCatchUp:
         self.resume_pending = True
         return self.pending_topk_p[:bs], self.pending_topk_index[:bs], hidden_states
 
+    def prefill(
+        self,
+        batch: ScheduleBatch,
+        target_hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+    ) -> EagleDraftInput:
+        """The draft prefill of ``batch`` while KV-only plain steps run: the KV of
+        every position, as the draft extend writes it, with each request's last
+        position left pending (as a plain step leaves it) for ``resume``.
+
+        target_hidden_states: [tokens, target hidden size x aux layers]."""
+        batch.input_ids = eagle_prefill_input_ids(batch, next_token_ids)
+        batch.spec_info = EagleDraftExtendInput(
+            hidden_states=target_hidden_states,
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
+        )
+        forward_batch = ForwardBatch.init_new(
+            batch, self.draft_runner, return_hidden_states_before_norm=False
+        )
+        # Eagerly: the KV-write graphs' outputs share one memory pool, and the
+        # running batch's pending draft input may still be a plain step's output.
+        hidden_states = self._write_kv_eagerly(
+            forward_batch.input_ids,
+            forward_batch.positions,
+            target_hidden_states,
+            forward_batch.out_cache_loc,
+        )
+        last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
+        bs = len(batch.seq_lens)
+        self.resume_pending = True
+        return EagleDraftInput(
+            topk_p=self.pending_topk_p[:bs],
+            topk_index=self.pending_topk_index[:bs],
+            hidden_states=hidden_states[last.long()],
+            bonus_tokens=next_token_ids,
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
+        )
+
     def _write_kv_only(
         self,
         input_ids: torch.Tensor,
@@ -390,6 +435,17 @@ class DraftCatchUp:
         graphs = self.kv_write_graphs
         if graphs is not None and graphs.can_run(len(input_ids)):
             return graphs(input_ids, positions, hidden_states, out_cache_loc)
+        return self._write_kv_eagerly(
+            input_ids, positions, hidden_states, out_cache_loc
+        )
+
+    def _write_kv_eagerly(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+    ) -> torch.Tensor:
         return self.draft_runner.model.write_kv_cache_only(
             input_ids,
             positions.to(torch.int64),
@@ -547,6 +603,28 @@ class LoadAwarePlainStep:
             )
         self._feed_zero_step_tier(bs)
         return result
+
+    def prefills_kv_only(
+        self, batch: ScheduleBatch, batch_output: GenerationBatchResult
+    ) -> bool:
+        """Whether this prefill writes only its draft KV: while plain steps run
+        (a KV-only one ran since the last speculative step), the draft's proposal
+        at the prompt's end is needed only if speculation resumes, and ``resume``
+        computes it then. Not for multimodal inputs, whose draft embeddings the
+        target hands over."""
+        return (
+            self.draft_catch_up.resume_pending
+            and not batch.forward_mode.is_idle()
+            and batch_output.logits_output.mm_input_embeds is None
+        )
+
+    def draft_prefill(
+        self, batch: ScheduleBatch, batch_output: GenerationBatchResult
+    ) -> EagleDraftInput:
+        """The draft prefill where ``prefills_kv_only``."""
+        return self.draft_catch_up.prefill(
+            batch, batch_output.logits_output.hidden_states, batch_output.next_token_ids
+        )
 
     def _hand_over_read_done_event(self) -> None:
         """The scheduler's WAR barrier waits on the read-done event of the worker's

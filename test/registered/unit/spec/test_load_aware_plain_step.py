@@ -41,6 +41,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.cpu_schedule_batch import (
     TinyEagleTestCase,
     cpu_kv_pools,
+    extend_batch,
     prefilled_batch,
     publish_server_args,
     single_rank,
@@ -554,6 +555,71 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         plain.resume_speculation(batch)  # nothing pending any more
         self.assertEqual(len(self.draft_runner.forward_batches), 1)
 
+    def prefill(self, prompt_lens):
+        """A prefill's batch and the target's output for it: token t of the
+        batch's hidden state t (every dim), request i's next token 60 + i."""
+        batch = extend_batch(
+            self.pools,
+            self.model_config,
+            SpeculativeAlgorithm.EAGLE,
+            prompt_lens,
+            max_new_tokens=64,
+            enable_overlap=False,
+            rid_prefix="p",
+        )
+        # As the scheduler resolves it before the forward.
+        batch.input_ids, batch.prefill_input_ids_cpu = batch.prefill_input_ids_cpu, None
+        num_tokens = sum(prompt_lens)
+        output = GenerationBatchResult(
+            logits_output=LogitsProcessorOutput(
+                next_token_logits=None,
+                hidden_states=torch.arange(num_tokens, dtype=torch.float32)[
+                    :, None
+                ].repeat(1, TARGET_HIDDEN),
+            ),
+            next_token_ids=torch.arange(len(prompt_lens)) + 60,
+        )
+        return batch, output
+
+    def test_a_prefill_while_plain_steps_run_writes_the_draft_kv_only(self):
+        plain, *_ = self.step()
+        batch, output = self.prefill([3, 2])
+        slots = batch.out_cache_loc.tolist()
+        self.assertTrue(plain.prefills_kv_only(batch, output))
+
+        draft_input = plain.draft_prefill(batch, output)
+
+        self.assertEqual(self.draft_runner.forward_batches, [])
+        _, call = self.draft_model.calls
+        # Prompts 1 2 3 and 1 2, shifted by one, then each request's next token.
+        self.assertEqual(call["input_ids"], [2, 3, 60, 2, 61])
+        self.assertEqual(call["positions"], [0, 1, 2, 0, 1])
+        self.assertEqual(call["positions_dtype"], torch.int64)
+        self.assertEqual(call["out_cache_loc"], slots)
+        self.assertEqual(call["hidden_states"][:, 0].tolist(), [0, 1, 2, 3, 4])
+        # Each request's last position pending, with its projected hidden state.
+        self.assertTrue(bool((draft_input.topk_p == -1).all()))
+        self.assertEqual(tuple(draft_input.topk_index.shape), (2, TOPK))
+        self.assertEqual(draft_input.hidden_states[:, 0].tolist(), [2.5, 4.5])
+        self.assertIs(draft_input.bonus_tokens, output.next_token_ids)
+        self.assertTrue(plain.draft_catch_up.resume_pending)
+
+    def test_a_prefill_runs_the_draft_extend_unless_plain_steps_run(self):
+        plain = self.plain_step()
+        batch, output = self.prefill([3, 2])
+        self.assertFalse(plain.prefills_kv_only(batch, output))  # none ran yet
+        plain, batch, result, _, _ = self.step(plain)
+        batch.spec_info = result.next_draft_input
+        batch.seq_lens = result.new_seq_lens
+        batch.seq_lens_cpu = result.new_seq_lens.cpu()
+        batch.forward_mode = ForwardMode.DECODE
+        plain.resume_speculation(batch)
+        prefill, output = self.prefill([3, 2])
+        self.assertFalse(plain.prefills_kv_only(prefill, output))  # speculating
+        plain.draft_catch_up.resume_pending = True
+        output.logits_output.mm_input_embeds = torch.zeros(5, DRAFT_HIDDEN)
+        self.assertFalse(plain.prefills_kv_only(prefill, output))
+
     def test_full_draft_catch_up_on_request(self):
         with envs.SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP.override(True):
             plain = self.plain_step()
@@ -562,6 +628,7 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         self.assertEqual(self.draft_model.calls, [])
         self.assertEqual(len(self.draft_runner.forward_batches), 1)
         self.assertFalse(plain.draft_catch_up.resume_pending)
+        self.assertFalse(plain.prefills_kv_only(*self.prefill([3, 2])))
 
 
 @unittest.skipIf(IN_TRITON_INTERPRETER, "this process already is the second one")
