@@ -317,8 +317,9 @@ class DraftCatchUp:
             )
             log_info_on_rank0(
                 logger,
-                "Load-aware speculation: plain steps write the draft KV only; the "
-                "full draft forward runs once when speculation resumes.",
+                "Load-aware speculation: plain steps, and prefills while they run, "
+                "write the draft KV only; the full draft forward runs once when "
+                "speculation resumes.",
             )
             if graph_bs:
                 self.kv_write_graphs = capture_accounted(
