@@ -68,7 +68,6 @@ from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
 )
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
-from sglang.srt.speculative.eagle_utils import eagle_prefill_input_ids
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import unverified_decode_backend_reason
@@ -392,12 +391,12 @@ class DraftCatchUp:
         target_hidden_states: torch.Tensor,
         next_token_ids: torch.Tensor,
     ) -> EagleDraftInput:
-        """The draft prefill of ``batch`` while KV-only plain steps run: the KV of
-        every position, as the draft extend writes it, with each request's last
-        position left pending (as a plain step leaves it) for ``resume``.
+        """The draft prefill of ``batch`` (its input ids the draft's, as
+        ``eagle_prefill_input_ids`` shifts them) while KV-only plain steps run: the
+        KV of every position, as the draft extend writes it, with each request's
+        last position left pending (as a plain step leaves it) for ``resume``.
 
         target_hidden_states: [tokens, target hidden size x aux layers]."""
-        batch.input_ids = eagle_prefill_input_ids(batch, next_token_ids)
         batch.spec_info = EagleDraftExtendInput(
             hidden_states=target_hidden_states,
             num_tokens_per_req=1,
@@ -622,7 +621,7 @@ class LoadAwarePlainStep:
     def draft_prefill(
         self, batch: ScheduleBatch, batch_output: GenerationBatchResult
     ) -> EagleDraftInput:
-        """The draft prefill where ``prefills_kv_only``."""
+        """The draft prefill where ``prefills_kv_only`` (DraftCatchUp.prefill)."""
         return self.draft_catch_up.prefill(
             batch, batch_output.logits_output.hidden_states, batch_output.next_token_ids
         )

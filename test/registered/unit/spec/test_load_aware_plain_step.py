@@ -587,11 +587,13 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         slots = batch.out_cache_loc.tolist()
         self.assertTrue(plain.prefills_kv_only(batch, output))
 
+        # As the worker hands it over: the draft's input ids, the prompts 1 2 3 and
+        # 1 2 shifted by one, then each request's next token.
+        batch.input_ids = torch.tensor([2, 3, 60, 2, 61])
         draft_input = plain.draft_prefill(batch, output)
 
         self.assertEqual(self.draft_runner.forward_batches, [])
         _, call = self.draft_model.calls
-        # Prompts 1 2 3 and 1 2, shifted by one, then each request's next token.
         self.assertEqual(call["input_ids"], [2, 3, 60, 2, 61])
         self.assertEqual(call["positions"], [0, 1, 2, 0, 1])
         self.assertEqual(call["positions_dtype"], torch.int64)
