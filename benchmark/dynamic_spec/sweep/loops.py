@@ -43,11 +43,12 @@ async def steady_loop(
     """A closed loop that does not run in waves: client i of C first generates
     ceil(output_len * (i + 1) / C) tokens, so its later requests, of output_len
     (output_lengths with length_spread), finish spread over a request's duration
-    instead of together, and the loop never drains until the end. The window opens once every client has finished its first
-    request and lasts window_seconds; it counts the output tokens generated inside it
-    and the latencies of the requests that finished inside it, the requests in flight
-    (below C while clients are slow to send their next request) and how late the
-    client's event loop ran a ready task at worst (a stalled client sends nothing)."""
+    instead of together, and the loop never drains until the end. The window opens
+    once every client has finished its first request and lasts window_seconds; it
+    counts the output tokens generated inside it and the latencies of the requests
+    that finished inside it, the requests in flight (below C while clients are slow
+    to send their next request) and how late the client's event loop ran a ready
+    task at worst (a stalled client sends nothing)."""
     prompts = iter(prompts)
     lengths = output_lengths(output_len, length_spread)
     timed: List[RequestResult] = []
