@@ -310,6 +310,10 @@ class DraftCatchUp:
         self.resume_pending = False
         self.kv_write_graphs: Optional[DraftKVWriteGraphs] = None
         if self.kv_only:
+            self.write_kv: KVWrite = functools.partial(
+                draft_runner.model.write_kv_cache_only,
+                token_to_kv_pool=draft_runner.token_to_kv_pool,
+            )
             self.pending_topk_p = torch.full((max_bs, self.topk), -1.0, device=device)
             self.pending_topk_index = torch.zeros(
                 (max_bs, self.topk), dtype=torch.int64, device=device
@@ -332,10 +336,7 @@ class DraftCatchUp:
         draft_runner = self.draft_runner
         model = draft_runner.model
         graphs = DraftKVWriteGraphs(
-            functools.partial(
-                model.write_kv_cache_only,
-                token_to_kv_pool=draft_runner.token_to_kv_pool,
-            ),
+            self.write_kv,
             graph_bs,
             # The target's aux hidden states, as the draft's fc takes them.
             hidden_size=model.model.fc.in_features,
@@ -407,9 +408,9 @@ class DraftCatchUp:
         )
         # Eagerly: the KV-write graphs' outputs share one memory pool, and the
         # running batch's pending draft input may still be a plain step's output.
-        hidden_states = self._write_kv_eagerly(
+        hidden_states = self.write_kv(
             forward_batch.input_ids,
-            forward_batch.positions,
+            forward_batch.positions.to(torch.int64),
             target_hidden_states,
             forward_batch.out_cache_loc,
         )
@@ -435,23 +436,8 @@ class DraftCatchUp:
         graphs = self.kv_write_graphs
         if graphs is not None and graphs.can_run(len(input_ids)):
             return graphs(input_ids, positions, hidden_states, out_cache_loc)
-        return self._write_kv_eagerly(
-            input_ids, positions, hidden_states, out_cache_loc
-        )
-
-    def _write_kv_eagerly(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-        out_cache_loc: torch.Tensor,
-    ) -> torch.Tensor:
-        return self.draft_runner.model.write_kv_cache_only(
-            input_ids,
-            positions.to(torch.int64),
-            hidden_states,
-            out_cache_loc,
-            self.draft_runner.token_to_kv_pool,
+        return self.write_kv(
+            input_ids, positions.to(torch.int64), hidden_states, out_cache_loc
         )
 
     def resume(self, batch: ScheduleBatch) -> None:
