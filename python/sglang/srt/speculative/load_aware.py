@@ -308,6 +308,7 @@ class DraftCatchUp:
         self.kv_only = plain_steps_write_kv_only(draft_runner.model)
         # Whether a KV-only step may have left draft inputs pending.
         self.resume_pending = False
+        self.num_prefills_kv_only = 0
         self.kv_write_graphs: Optional[DraftKVWriteGraphs] = None
         if self.kv_only:
             self.write_kv: KVWrite = functools.partial(
@@ -417,6 +418,7 @@ class DraftCatchUp:
         last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
         bs = len(batch.seq_lens)
         self.resume_pending = True
+        self.num_prefills_kv_only += 1
         return EagleDraftInput(
             topk_p=self.pending_topk_p[:bs],
             topk_index=self.pending_topk_index[:bs],
@@ -589,6 +591,10 @@ class LoadAwarePlainStep:
             )
         self._feed_zero_step_tier(bs)
         return result
+
+    def get_state(self) -> Dict[str, int]:
+        """For /server_info, beside the policy's state."""
+        return {"draft_prefills_kv_only": self.draft_catch_up.num_prefills_kv_only}
 
     def prefills_kv_only(
         self, batch: ScheduleBatch, batch_output: GenerationBatchResult

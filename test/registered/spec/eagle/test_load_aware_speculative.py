@@ -380,6 +380,7 @@ class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
     extra_args = ["--speculative-load-aware-min-dwell-steps", "0"]
     resumed_request_tokens = 256
     min_toggles = 20
+    prefills_write_kv_only = True
 
     def test_acceptance_survives_frequent_resumes(self):
         from concurrent.futures import ThreadPoolExecutor
@@ -421,12 +422,38 @@ class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
         self.assertAlmostEqual(measured, predicted, delta=0.10 * predicted)
         self.assert_server_alive_and_idle_clean()
 
+    def test_a_prompt_prefilled_after_plain_steps_drafts_from_its_draft_kv(self):
+        """A prefill while plain steps run writes the draft KV only (with the full
+        draft catch-up: the draft extend); the resume before the request's first
+        speculative step reads it. Its verify rounds must be those of the same
+        prompt prefilled after a speculative step."""
+        from sglang.test.spec_engine_utils import post_generate
+
+        prompt = self.prompts(1, seed=500)[0]
+        num_tokens = self.resumed_request_tokens
+        post_generate(self.base_url, self.prompts(1, 501)[0], greedy_params(8))
+        prefills_before = self.load_aware_state()["draft_prefills_kv_only"]
+        reference = post_generate(self.base_url, prompt, greedy_params(num_tokens))
+        self.assertEqual(requests.post(f"{self.base_url}/flush_cache").status_code, 200)
+        pair = self.prompts(2, seed=502)
+        ended_plain = post_generate(self.base_url, pair, greedy_params(16))
+        self.assertEqual(
+            [o["meta_info"].get("spec_verify_ct", 0) for o in ended_plain], [0, 0]
+        )
+        out = post_generate(self.base_url, prompt, greedy_params(num_tokens))
+        self.assert_outputs_intended([prompt] * 2, [reference, out], [num_tokens] * 2)
+        prefills = self.load_aware_state()["draft_prefills_kv_only"] - prefills_before
+        self.assertEqual(prefills, int(self.prefills_write_kv_only))
+        for key in ("spec_verify_ct", "spec_num_correct_drafts"):
+            self.assertEqual(out["meta_info"][key], reference["meta_info"][key], key)
+
 
 class TestLoadAwareFrequentResumeKVCheckFullCatchUp(TestLoadAwareFrequentResumeKVCheck):
     """The same with the full draft forward on every plain step: the path of drafts
     that cannot write their KV alone (the synthetic one-layer heads can)."""
 
     extra_env = {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
+    prefills_write_kv_only = False
 
 
 class MatrixMixin:

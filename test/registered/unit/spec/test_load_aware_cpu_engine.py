@@ -190,7 +190,9 @@ class CpuEngineTestBase(CustomTestCase):
         return outputs
 
     def run_lone_request(self, seed: int) -> dict:
-        prompt = self.prompts(1, seed)[0]
+        return self.run_lone_request_of(self.prompts(1, seed)[0])
+
+    def run_lone_request_of(self, prompt: List[int]) -> dict:
         out = self.engine.generate(
             input_ids=prompt, sampling_params=greedy_params(LONE_REQUEST_TOKENS)
         )
@@ -238,6 +240,37 @@ class ThresholdTests:
         self.assertGreater(plain_step_tokens(out["meta_info"]), 0)
         self.assert_accept_length_predicted([out])
         self.assert_engine_alive()
+
+    def test_a_prompt_prefilled_after_plain_steps_drafts_from_its_draft_kv(self):
+        """A prefill while plain steps run writes the draft KV only; the resume
+        before the request's first speculative step reads it. Its verify rounds
+        must then be those of the same prompt prefilled with the full draft
+        extend (the kv-check draft proposes right only on valid draft KV)."""
+        prompt = self.prompts(1, seed=5)[0]
+        self.run_lone_request(seed=6)  # a speculative step: nothing pending
+        prefills_before = self.load_aware_state()["draft_prefills_kv_only"]
+        reference = self.run_lone_request_of(prompt)
+        self.assertEqual(
+            self.load_aware_state()["draft_prefills_kv_only"], prefills_before
+        )
+        self.assertTrue(self.engine.flush_cache().success)  # no cached prompt KV
+        self.run_equal_lengths_to_the_end_in_plain_steps(seed=7)
+        out = self.run_lone_request_of(prompt)
+        self.assertEqual(
+            self.load_aware_state()["draft_prefills_kv_only"], prefills_before + 1
+        )
+        for key in ("spec_verify_ct", "spec_num_correct_drafts"):
+            self.assertEqual(out["meta_info"][key], reference["meta_info"][key], key)
+        self.assert_engine_alive()
+
+    def run_equal_lengths_to_the_end_in_plain_steps(self, seed: int) -> None:
+        prompts = self.prompts(2, seed)
+        outputs = self.engine.generate(
+            input_ids=prompts, sampling_params=greedy_params(LONE_REQUEST_TOKENS // 8)
+        )
+        self.assert_outputs_intended(prompts, outputs, [LONE_REQUEST_TOKENS // 8] * 2)
+        for out in outputs:
+            self.assertEqual(out["meta_info"].get("spec_verify_ct", 0), 0)
 
     async def long_request_with_interruptions(
         self, prompt: List[int], num_tokens: int, seed: int

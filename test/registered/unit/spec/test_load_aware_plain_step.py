@@ -605,6 +605,7 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         self.assertEqual(draft_input.hidden_states[:, 0].tolist(), [2.5, 4.5])
         self.assertIs(draft_input.bonus_tokens, output.next_token_ids)
         self.assertTrue(plain.draft_catch_up.resume_pending)
+        self.assertEqual(plain.get_state(), {"draft_prefills_kv_only": 1})
 
     def test_a_prefill_runs_the_draft_extend_unless_plain_steps_run(self):
         plain = self.plain_step()
