@@ -45,28 +45,31 @@ async def steady_loop(
     (output_lengths with length_spread), finish spread over a request's duration
     instead of together, and the loop never drains until the end. The window opens
     once every client has finished its first request and lasts window_seconds; it
-    counts the output tokens generated inside it and the latencies of the requests
-    that finished inside it, the requests in flight (below C while clients are slow
-    to send their next request) and how late the client's event loop ran a ready
-    task at worst (a stalled client sends nothing)."""
+    counts the output tokens streamed inside it (by the chunks' arrival: the requests
+    still in flight when it closes finish faster, with no new requests beside them)
+    and the latencies of the requests that finished inside it, the requests in flight
+    (below C while clients are slow to send their next request) and how late the
+    client's event loop ran a ready task at worst (a stalled client sends nothing)."""
     prompts = iter(prompts)
     lengths = output_lengths(output_len, length_spread)
     timed: List[RequestResult] = []
+    timelines: List[List[Tuple[float, int]]] = []
     lags: List[Tuple[float, float]] = []
     staggered, closing = 0, False
     async with client_session() as session:
 
+        async def streamed_request(length: int) -> RequestResult:
+            timelines.append([])
+            return await one_request(session, url, next(prompts), length, timelines[-1])
+
         async def client(slot: int) -> None:
             nonlocal staggered
-            first_len = math.ceil(output_len * (slot + 1) / concurrency)
-            await one_request(session, url, next(prompts), first_len)
+            await streamed_request(math.ceil(output_len * (slot + 1) / concurrency))
             staggered += 1
             if staggered == concurrency:
                 window_open.set()
             while not closing:
-                timed.append(
-                    await one_request(session, url, next(prompts), next(lengths))
-                )
+                timed.append(await streamed_request(next(lengths)))
 
         window_open = asyncio.Event()
         watcher = asyncio.create_task(sample_loop_lag(lags))
@@ -83,7 +86,7 @@ async def steady_loop(
         await asyncio.gather(*clients)
     return Run(
         [r for r in timed if start <= r.finished_at < end],
-        sum(tokens_in_window(r, start, end) for r in timed),
+        sum(tokens_by(t, end) - tokens_by(t, start) for t in timelines),
         end - start,
         cpu,
         in_flight=requests_in_flight(timed, start, end),
@@ -127,17 +130,6 @@ def requests_in_flight(
         for r in results
     )
     return busy / (end - start)
-
-
-def tokens_in_window(result: RequestResult, start: float, end: float) -> float:
-    """The output tokens of a request generated in [start, end): its first at its first
-    token, the others spread evenly until it finished."""
-    first = result.finished_at - result.latency + result.ttft
-    tokens = float(start <= first < end)
-    if result.output_tokens > 1 and result.finished_at > first:
-        overlap = max(0.0, min(end, result.finished_at) - max(start, first))
-        tokens += (result.output_tokens - 1) * overlap / (result.finished_at - first)
-    return tokens
 
 
 async def decode_rate_loop(url: str, prompts: List[List[int]], output_len: int) -> Run:

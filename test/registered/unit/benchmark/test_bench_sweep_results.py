@@ -552,16 +552,6 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertIn("- plain-topk1 decode rate: `b` (rates)", results)
             self.assertIn("- nospec: `b` (sweep2)", results)
 
-    def test_a_request_splits_its_tokens_across_windows_by_time(self):
-        # First token at t=1, ten more evenly until t=11.
-        request = sweep.client.RequestResult(1.0, 11.0, 11, 0, 0, 11.0)
-        before, after = (
-            sweep.loops.tokens_in_window(request, *window)
-            for window in [(0.0, 6.0), (6.0, 16.0)]
-        )
-        self.assertAlmostEqual(before, 6.0)
-        self.assertAlmostEqual(after, 5.0)
-
     def test_requests_in_flight_count_only_the_window(self):
         # In flight over [0, 5), [2, 6) and [7, 9); the window is [1, 5).
         results = [
@@ -575,11 +565,12 @@ class TestBenchSweepResults(CustomTestCase):
         began = time.perf_counter()
         stalled, lengths = [], []
 
-        async def one_request(session, url, prompt, output_len):
+        async def one_request(session, url, prompt, output_len, timeline):
             lengths.append(output_len)
             start = time.perf_counter()
             await asyncio.sleep(step * output_len)
             end = time.perf_counter()
+            timeline.append((end, output_len))
             if not stalled and end - began > 1.0:
                 stalled.append(end)
                 time.sleep(stall)  # the event loop runs nothing meanwhile
@@ -624,10 +615,12 @@ class TestBenchSweepResults(CustomTestCase):
         step, output_len, concurrency = 0.05, 8, 4
         lengths = []
 
-        async def one_request(session, url, prompt, output_len):
+        async def one_request(session, url, prompt, output_len, timeline):
             lengths.append(output_len)
             start = time.perf_counter()
-            await asyncio.sleep(step * output_len)
+            for tokens in range(1, output_len + 1):
+                await asyncio.sleep(step)
+                timeline.append((time.perf_counter(), tokens))
             end = time.perf_counter()
             return sweep.client.RequestResult(step, end - start, output_len, 0, 0, end)
 
@@ -648,6 +641,35 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertLess(max(gaps), 5 * step)
         self.assertAlmostEqual(run.in_flight, concurrency, delta=0.3)
         self.assertLess(run.loop_lag_max, step)
+
+    def test_a_steady_loop_counts_the_tokens_streamed_inside_its_window(self):
+        # A stand-in server whose requests each stream a token every
+        # step * (requests in flight) ** 2 seconds: 1 / (step * C) tokens per second in
+        # all at C. Once the window closes, the clients send nothing more and the
+        # requests still in flight speed up; spreading their tokens evenly over their
+        # lifetimes would count part of that faster tail inside the window (+9% here).
+        step, output_len, concurrency = 0.0025, 40, 4
+        in_flight = []
+
+        async def one_request(session, url, prompt, output_len, timeline):
+            in_flight.append(prompt)
+            start = time.perf_counter()
+            for tokens in range(1, output_len + 1):
+                await asyncio.sleep(step * len(in_flight) ** 2)
+                timeline.append((time.perf_counter(), tokens))
+            in_flight.remove(prompt)
+            end = time.perf_counter()
+            return sweep.client.RequestResult(step, end - start, output_len, 0, 0, end)
+
+        prompts = sweep.client.PromptSource(input_len=4)
+        with mock.patch.object(sweep.loops, "one_request", one_request):
+            run = asyncio.run(
+                sweep.loops.steady_loop("u", prompts, output_len, concurrency, 2.0)
+            )
+        # A loaded host's late wake-ups lower the rate; only an overcount raises it.
+        steady_rate = 1 / (step * concurrency)
+        self.assertLess(run.tokens / run.wall, 1.03 * steady_rate)
+        self.assertGreater(run.tokens / run.wall, 0.85 * steady_rate)
 
     def test_a_repeated_ramp_reports_medians_and_the_spread_of_its_total(self):
         # Phases 1 -> 4 -> 1 of 1 s; run k finishes 10k / 20k / 30k tokens in them.
