@@ -16,7 +16,7 @@ import tempfile
 import time
 import unittest
 from pathlib import Path
-from typing import List
+from typing import Callable, List
 from unittest import mock
 
 from aiohttp import web
@@ -608,27 +608,39 @@ class TestBenchSweepResults(CustomTestCase):
         with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
             parse("--output-len-spread", "1")
 
+    def streaming_server(self, token_seconds: Callable[[int], float]):
+        """one_request of a stand-in server that streams each token of a request
+        token_seconds(requests in flight) after the one before, and the output
+        lengths it was asked for."""
+        lengths, in_flight = [], [0]
+
+        async def one_request(session, url, prompt, output_len, timeline):
+            lengths.append(output_len)
+            in_flight[0] += 1
+            start = time.perf_counter()
+            for tokens in range(1, output_len + 1):
+                await asyncio.sleep(token_seconds(in_flight[0]))
+                timeline.append((time.perf_counter(), tokens))
+            in_flight[0] -= 1
+            end = time.perf_counter()
+            return sweep.client.RequestResult(0.0, end - start, output_len, 0, 0, end)
+
+        return one_request, lengths
+
+    def run_steady_loop(self, one_request, output_len: int, concurrency: int):
+        prompts = sweep.client.PromptSource(input_len=4)
+        with mock.patch.object(sweep.loops, "one_request", one_request):
+            return asyncio.run(
+                sweep.loops.steady_loop("u", prompts, output_len, concurrency, 2.0)
+            )
+
     def test_a_steady_loop_spreads_its_requests_instead_of_running_in_waves(self):
         # A stand-in server decoding every request at one token per `step` seconds.
         # Steps long enough that the host's scheduling jitter (tens of ms on a
         # loaded 2-core CI machine) stays well under the gaps compared below.
         step, output_len, concurrency = 0.05, 8, 4
-        lengths = []
-
-        async def one_request(session, url, prompt, output_len, timeline):
-            lengths.append(output_len)
-            start = time.perf_counter()
-            for tokens in range(1, output_len + 1):
-                await asyncio.sleep(step)
-                timeline.append((time.perf_counter(), tokens))
-            end = time.perf_counter()
-            return sweep.client.RequestResult(step, end - start, output_len, 0, 0, end)
-
-        prompts = sweep.client.PromptSource(input_len=4)
-        with mock.patch.object(sweep.loops, "one_request", one_request):
-            run = asyncio.run(
-                sweep.loops.steady_loop("u", prompts, output_len, concurrency, 2.0)
-            )
+        one_request, lengths = self.streaming_server(lambda in_flight: step)
+        run = self.run_steady_loop(one_request, output_len, concurrency)
         self.assertEqual(sorted(lengths[:concurrency]), [2, 4, 6, 8])
         self.assertTrue(all(r.output_tokens == output_len for r in run.results))
         # Each client delivers a token per step; waves would deliver the same rate.
@@ -649,23 +661,8 @@ class TestBenchSweepResults(CustomTestCase):
         # requests still in flight speed up; spreading their tokens evenly over their
         # lifetimes would count part of that faster tail inside the window (+9% here).
         step, output_len, concurrency = 0.0025, 40, 4
-        in_flight = []
-
-        async def one_request(session, url, prompt, output_len, timeline):
-            in_flight.append(prompt)
-            start = time.perf_counter()
-            for tokens in range(1, output_len + 1):
-                await asyncio.sleep(step * len(in_flight) ** 2)
-                timeline.append((time.perf_counter(), tokens))
-            in_flight.remove(prompt)
-            end = time.perf_counter()
-            return sweep.client.RequestResult(step, end - start, output_len, 0, 0, end)
-
-        prompts = sweep.client.PromptSource(input_len=4)
-        with mock.patch.object(sweep.loops, "one_request", one_request):
-            run = asyncio.run(
-                sweep.loops.steady_loop("u", prompts, output_len, concurrency, 2.0)
-            )
+        one_request, _ = self.streaming_server(lambda in_flight: step * in_flight**2)
+        run = self.run_steady_loop(one_request, output_len, concurrency)
         # A loaded host's late wake-ups lower the rate; only an overcount raises it.
         steady_rate = 1 / (step * concurrency)
         self.assertLess(run.tokens / run.wall, 1.03 * steady_rate)
