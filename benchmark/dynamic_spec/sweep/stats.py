@@ -32,9 +32,11 @@ class Run:
     tokens: float
     wall: float
     client_cpu: float  # the benchmark's CPU seconds meanwhile
-    # Steady loops: the mean requests in flight, and the client's worst event-loop lag.
+    # Steady loops: the mean requests in flight, the client's worst event-loop lag and
+    # the share of the window that streamed almost nothing (loops.quiet_share).
     in_flight: Optional[float] = None
     loop_lag_max: Optional[float] = None
+    quiet_share: Optional[float] = None
 
 
 def median_with_spread(rates: Iterable[float]) -> Dict[str, float]:
@@ -80,12 +82,14 @@ def summarize(runs: List[Run]) -> Dict[str, Any]:
 
 def client_pace(runs: List[Run]) -> Dict[str, float]:
     """Whether the client kept its concurrency (steady loops): the requests in flight
-    (mean over the runs) and the client's worst event-loop lag."""
+    (mean over the runs) and the client's worst event-loop lag; and whether the
+    tokens streamed at an even pace (the quiet share's mean over the runs)."""
     if any(run.in_flight is None for run in runs):
         return {}
     return {
         "requests_in_flight": mean([run.in_flight for run in runs]),
         "client_loop_lag_max_ms": 1000 * max(run.loop_lag_max for run in runs),
+        "quiet_share": mean([run.quiet_share for run in runs]),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 from typing import Callable, Dict, List, Sequence
 
+from sweep.loops import QUIET_BIN_SECONDS, QUIET_RATE_FRACTION
 from sweep.records import finished, steady_decode, swept_records
 from sweep.stats import rate_at_same_kv_tokens
 from sweep.targets import (
@@ -46,7 +47,10 @@ def results_markdown(records: List[dict], title: str) -> str:
         sections += [
             "\nRequests in flight (mean) / the client's worst event-loop lag, ms (a"
             " closed loop below C, or a lag of a step or more, is the client's, not the"
-            " server's):\n\n",
+            " server's) / quiet share: the share of the window, in"
+            f" {QUIET_BIN_SECONDS} s bins, that streamed under {QUIET_RATE_FRACTION:.0%}"
+            " of its mean token rate (where requests that started together are"
+            " prefilled together, in waves):\n\n",
             pace,
         ]
     rates = decode_rate_table(records)
@@ -229,7 +233,8 @@ def client_pace_table(records: List[dict]) -> str:
         records,
         "requests_in_flight",
         lambda p: f"{p['requests_in_flight']:.1f} / "
-        f"{p['client_loop_lag_max_ms']:.0f}",
+        f"{p['client_loop_lag_max_ms']:.0f}"
+        + (f" / {p['quiet_share']:.0%}" if "quiet_share" in p else ""),
     )
 
 

@@ -653,6 +653,7 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertLess(max(gaps), 5 * step)
         self.assertAlmostEqual(run.in_flight, concurrency, delta=0.3)
         self.assertLess(run.loop_lag_max, step)
+        self.assertLess(run.quiet_share, 0.25)
 
     def test_a_steady_loop_counts_the_tokens_streamed_inside_its_window(self):
         # A stand-in server whose requests each stream a token every
@@ -667,6 +668,22 @@ class TestBenchSweepResults(CustomTestCase):
         steady_rate = 1 / (step * concurrency)
         self.assertLess(run.tokens / run.wall, 1.03 * steady_rate)
         self.assertGreater(run.tokens / run.wall, 0.85 * steady_rate)
+
+    def test_the_quiet_share_is_the_time_a_window_streamed_almost_nothing(self):
+        # Four requests streaming a token every 10 ms over [0, 4) s, but for a
+        # server silent over [1, 2) (a wave's prefill).
+        def streamed(silent: Callable[[float], bool]):
+            moments = [t / 100 for t in range(400)]
+            heard = [t for t in moments if not silent(t)]
+            return [[(t, n) for n, t in enumerate(heard, 1)] for _ in range(4)]
+
+        steady = streamed(lambda t: False)
+        waves = streamed(lambda t: 1 <= t < 2)
+        self.assertEqual(sweep.loops.quiet_share(steady, 0.0, 4.0), 0.0)
+        self.assertAlmostEqual(sweep.loops.quiet_share(waves, 0.0, 4.0), 1 / 4)
+        # Only the window counts.
+        self.assertAlmostEqual(sweep.loops.quiet_share(waves, 0.5, 3.5), 1 / 3)
+        self.assertEqual(sweep.loops.quiet_share(waves, 2.0, 4.0), 0.0)
 
     def test_a_repeated_ramp_reports_medians_and_the_spread_of_its_total(self):
         # Phases 1 -> 4 -> 1 of 1 s; run k finishes 10k / 20k / 30k tokens in them.
@@ -1296,8 +1313,11 @@ class TestBenchSweepResults(CustomTestCase):
         record["points"][1].update(
             requests_in_flight=7.93, client_loop_lag_max_ms=171.6
         )
+        record["points"][0].update(
+            requests_in_flight=1.0, client_loop_lag_max_ms=12.0, quiet_share=0.57
+        )
         table = sweep.tables.client_pace_table([record, self.record("eagle3-topk1", 1)])
-        self.assertIn("| nospec | - | 7.9 / 172 |", table)
+        self.assertIn("| nospec | 1.0 / 12 / 57% | 7.9 / 172 |", table)
         self.assertNotIn("eagle3-topk1", table)
 
     def test_bench_serving_runs_at_every_point_or_at_the_c_listed(self):
