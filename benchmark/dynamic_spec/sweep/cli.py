@@ -94,6 +94,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--flashinfer-workspace-mib", type=int, default=1024)
     parser.add_argument("--mem-fraction-static", type=float, default=0.8)
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="the servers' --stream-interval (upstream's default: a streamed chunk per "
+        "token of every request; a larger one lightens the server's front end, which "
+        "at a few hundred running requests can fall behind the decode steps)",
+    )
     parser.add_argument("--url", default="http://127.0.0.1:31000")
     parser.add_argument(
         "--out-dir",

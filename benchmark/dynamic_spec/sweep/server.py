@@ -85,6 +85,7 @@ def config_server_args(
             mem_fraction_static=args.mem_fraction_static,
             skip_tokenizer_init=not bench_serving_enabled(args),
             enable_metrics=True,
+            stream_interval=args.stream_interval,
         )
     )
     if config.spec is not None:

@@ -767,13 +767,21 @@ class TestBenchSweepResults(CustomTestCase):
             tp_size=2,
             concurrency=[1, 64],
             mem_fraction_static=0.8,
+            stream_interval=1,
         )
         flags = " ".join(
             sweep.server.config_server_args(args, configs["loadaware-topk4"], "/d")
         )
         self.assertIn("--tp-size 2 --cuda-graph-max-bs 64 ", flags)
         self.assertIn("--max-running-requests 65 ", flags)
-        self.assertIn("--skip-tokenizer-init --enable-metrics", flags)
+        self.assertIn(
+            "--skip-tokenizer-init --enable-metrics --stream-interval 1", flags
+        )
+        args.stream_interval = 8
+        nospec = " ".join(
+            sweep.server.config_server_args(args, configs["nospec"], "/d")
+        )
+        self.assertIn("--stream-interval 8", nospec)
         self.assertIn(
             "--speculative-algorithm EAGLE3 --speculative-draft-model-path /d "
             "--speculative-num-steps 2 --speculative-eagle-topk 4 "
@@ -904,6 +912,7 @@ class TestBenchSweepResults(CustomTestCase):
             tp_size=1,
             concurrency=[1, 256],
             mem_fraction_static=0.8,
+            stream_interval=1,
         )
         flags = sweep.server.config_server_args(args, config, "/d")
         joined = " ".join(flags)
@@ -1007,6 +1016,7 @@ class TestBenchSweepResults(CustomTestCase):
             tp_size=1,
             concurrency=[1, 8],
             mem_fraction_static=0.8,
+            stream_interval=1,
             url="u",
         )
         config = sweep.configs.KNOWN_CONFIGS["upstream-steps0-topk1"]
@@ -1045,6 +1055,7 @@ class TestBenchSweepResults(CustomTestCase):
             tp_size=1,
             concurrency=[1],
             mem_fraction_static=0.8,
+            stream_interval=1,
             url="u",
         )
         with tempfile.TemporaryDirectory() as logs, mock.patch.multiple(
@@ -1083,6 +1094,7 @@ class TestBenchSweepResults(CustomTestCase):
             tp_size=1,
             concurrency=[1, 64],
             mem_fraction_static=0.8,
+            stream_interval=1,
             decode_rate=[128, 256],
         )
         nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
@@ -1174,6 +1186,7 @@ class TestBenchSweepResults(CustomTestCase):
             tp_size=1,
             concurrency=[8],
             mem_fraction_static=0.8,
+            stream_interval=1,
         )
         nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
         self.assertIn(
