@@ -10,7 +10,7 @@ import time
 from typing import Dict, Iterable, Iterator, List, Tuple
 
 from sweep.client import RequestResult, client_session, one_request
-from sweep.stats import Run
+from sweep.stats import Run, quiet_share
 
 
 async def closed_loop(
@@ -111,9 +111,6 @@ def output_lengths(output_len: int, spread: float, seed: int = 0) -> Iterator[in
 
 # How often the client's event loop is asked to wake a probe task.
 LAG_PROBE_SECONDS = 0.005
-# quiet_share: a bin of a steady window is quiet below this share of the mean rate.
-QUIET_BIN_SECONDS = 0.25
-QUIET_RATE_FRACTION = 0.25
 
 
 async def sample_loop_lag(lags: List[Tuple[float, float]]) -> None:
@@ -186,28 +183,6 @@ def not_all_at_once(
         f"{max(t[0][0] for t in timelines) - first_token:.1f} s; the client used "
         f"{cpu_share:.0%} of a core"
     )
-
-
-def quiet_share(
-    timelines: Iterable[List[Tuple[float, int]]], start: float, end: float
-) -> float:
-    """The share of [start, end), in bins of QUIET_BIN_SECONDS, whose streamed
-    tokens fell under QUIET_RATE_FRACTION of the window's mean: the time the server
-    streamed (almost) nothing. A closed loop whose requests started together (a stall
-    lined them up) spends the prefill of each such wave there, and with one output
-    length the waves come back every request lifetime."""
-    num_bins = max(1, round((end - start) / QUIET_BIN_SECONDS))
-    width = (end - start) / num_bins
-    streamed = [0] * num_bins
-    for timeline in timelines:
-        before = 0
-        for at, tokens in timeline:
-            if start <= at < end:
-                bin_index = min(int((at - start) / width), num_bins - 1)
-                streamed[bin_index] += tokens - before
-            before = tokens
-    quiet = QUIET_RATE_FRACTION * sum(streamed) / num_bins
-    return sum(tokens < quiet for tokens in streamed) / num_bins
 
 
 def tokens_by(timeline: List[Tuple[float, int]], moment: float) -> int:

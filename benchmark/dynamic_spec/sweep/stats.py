@@ -5,9 +5,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import statistics
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from sweep.client import RequestResult
+
+# quiet_share: a bin of a steady window is quiet below this share of the mean rate.
+QUIET_BIN_SECONDS = 0.25
+QUIET_RATE_FRACTION = 0.25
 
 
 def percentile(values: List[float], q: float) -> float:
@@ -33,10 +37,32 @@ class Run:
     wall: float
     client_cpu: float  # the benchmark's CPU seconds meanwhile
     # Steady loops: the mean requests in flight, the client's worst event-loop lag and
-    # the share of the window that streamed almost nothing (loops.quiet_share).
+    # the share of the window that streamed almost nothing (quiet_share).
     in_flight: Optional[float] = None
     loop_lag_max: Optional[float] = None
     quiet_share: Optional[float] = None
+
+
+def quiet_share(
+    timelines: Iterable[List[Tuple[float, int]]], start: float, end: float
+) -> float:
+    """The share of [start, end), in bins of QUIET_BIN_SECONDS, whose streamed
+    tokens fell under QUIET_RATE_FRACTION of the window's mean: the time the server
+    streamed (almost) nothing. A closed loop whose requests started together (a stall
+    lined them up) spends the prefill of each such wave there, and with one output
+    length the waves come back every request lifetime."""
+    num_bins = max(1, round((end - start) / QUIET_BIN_SECONDS))
+    width = (end - start) / num_bins
+    streamed = [0] * num_bins
+    for timeline in timelines:
+        before = 0
+        for at, tokens in timeline:
+            if start <= at < end:
+                bin_index = min(int((at - start) / width), num_bins - 1)
+                streamed[bin_index] += tokens - before
+            before = tokens
+    quiet = QUIET_RATE_FRACTION * sum(streamed) / num_bins
+    return sum(tokens < quiet for tokens in streamed) / num_bins
 
 
 def median_with_spread(rates: Iterable[float]) -> Dict[str, float]:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import collections
 from typing import Callable, Dict, List, Sequence
 
-from sweep.loops import QUIET_BIN_SECONDS, QUIET_RATE_FRACTION
 from sweep.records import finished, steady_decode, swept_records
-from sweep.stats import rate_at_same_kv_tokens
+from sweep.stats import (
+    QUIET_BIN_SECONDS,
+    QUIET_RATE_FRACTION,
+    rate_at_same_kv_tokens,
+)
 from sweep.targets import (
     TARGETS,
     load_aware_records,

@@ -679,11 +679,11 @@ class TestBenchSweepResults(CustomTestCase):
 
         steady = streamed(lambda t: False)
         waves = streamed(lambda t: 1 <= t < 2)
-        self.assertEqual(sweep.loops.quiet_share(steady, 0.0, 4.0), 0.0)
-        self.assertAlmostEqual(sweep.loops.quiet_share(waves, 0.0, 4.0), 1 / 4)
+        self.assertEqual(sweep.stats.quiet_share(steady, 0.0, 4.0), 0.0)
+        self.assertAlmostEqual(sweep.stats.quiet_share(waves, 0.0, 4.0), 1 / 4)
         # Only the window counts.
-        self.assertAlmostEqual(sweep.loops.quiet_share(waves, 0.5, 3.5), 1 / 3)
-        self.assertEqual(sweep.loops.quiet_share(waves, 2.0, 4.0), 0.0)
+        self.assertAlmostEqual(sweep.stats.quiet_share(waves, 0.5, 3.5), 1 / 3)
+        self.assertEqual(sweep.stats.quiet_share(waves, 2.0, 4.0), 0.0)
 
     def test_a_repeated_ramp_reports_medians_and_the_spread_of_its_total(self):
         # Phases 1 -> 4 -> 1 of 1 s; run k finishes 10k / 20k / 30k tokens in them.
