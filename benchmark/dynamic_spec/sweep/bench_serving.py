@@ -9,7 +9,7 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import List
+from typing import List, Tuple
 
 from sweep.configs import Config
 from sweep.server import bench_serving_enabled
@@ -39,11 +39,12 @@ def bench_serving_command(
     output_file: str,
 ) -> List[str]:
     """Upstream's bench_serving at one concurrency, with our point's workload:
-    num_prompts prompts of exactly --input-len random token ids (random-ids: no
-    dataset to download; sent as ids, as ours are), --output-len tokens each with
-    ignore_eos (its default), at most `concurrency` in flight, all issued at once;
-    the radix cache flushed after its warm-up request. It appends its results as
-    one JSON line to output_file."""
+    num_prompts prompts of --input-len random token ids (random-ids: no dataset to
+    download; sent as ids, as ours are), --output-len tokens each with ignore_eos
+    (its default), both exact or spread as bench_serving_lengths says, at most
+    `concurrency` in flight, all issued at once; the radix cache flushed after its
+    warm-up request. It appends its results as one JSON line to output_file."""
+    input_len, output_len, range_ratio = bench_serving_lengths(args)
     return [
         sys.executable,
         "-m",
@@ -60,11 +61,11 @@ def bench_serving_command(
         "random-ids",
         "--tokenize-prompt",
         "--random-input-len",
-        str(args.input_len),
+        str(input_len),
         "--random-output-len",
-        str(args.output_len),
+        str(output_len),
         "--random-range-ratio",
-        "1.0",
+        str(range_ratio),
         "--num-prompts",
         str(num_prompts),
         "--max-concurrency",
@@ -76,6 +77,22 @@ def bench_serving_command(
         "--output-file",
         output_file,
     ]
+
+
+def bench_serving_lengths(args: argparse.Namespace) -> Tuple[int, int, float]:
+    """bench_serving's --random-input-len, --random-output-len and
+    --random-range-ratio. It draws each length uniformly from len x [ratio, 1] and
+    applies one ratio to both, so --output-len-spread S spreads the prompts too:
+    both then come from their mean x [1 - S, 1 + S], the output lengths as ours."""
+    spread = args.output_len_spread
+    if not spread:
+        return args.input_len, args.output_len, 1.0
+    widest = 1.0 + spread
+    return (
+        round(args.input_len * widest),
+        round(args.output_len * widest),
+        round((1.0 - spread) / widest, 6),
+    )
 
 
 def run_bench_serving(

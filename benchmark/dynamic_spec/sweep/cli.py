@@ -223,7 +223,8 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
         help="after each point (only those at the C listed, if any), also run "
         "upstream's bench_serving at its C against "
         f"the same server (python -m {BENCH_SERVING_MODULE}: random-ids prompts of "
-        "--input-len token ids, --output-len tokens, as many prompts as one of the "
+        "--input-len token ids, --output-len tokens (with --output-len-spread, both "
+        "spread by S), as many prompts as one of the "
         "point's closed loops, --repeats times) and record its output tok/s beside "
         "ours; the servers then run with their tokenizer (no --skip-tokenizer-init), "
         "since its client times the streamed text",
@@ -265,7 +266,10 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
         metavar="RESULTS_DIR",
         help="only rewrite summary.json, results.md and the plot from RESULTS_DIR/raw.json",
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.output_len_spread and not args.steady:
+        parser.error("--output-len-spread: only with --steady")
+    return args
 
 
 def main(description: Optional[str] = None) -> None:

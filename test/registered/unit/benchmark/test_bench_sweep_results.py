@@ -604,9 +604,17 @@ class TestBenchSweepResults(CustomTestCase):
                 return sweep.cli.parse_args(None)
 
         self.assertEqual(parse().output_len_spread, 0.0)
-        self.assertEqual(parse("--output-len-spread", "0.25").output_len_spread, 0.25)
-        with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
-            parse("--output-len-spread", "1")
+        self.assertEqual(
+            parse("--steady", "--output-len-spread", "0.25").output_len_spread, 0.25
+        )
+        for flags in (
+            ["--steady", "--output-len-spread", "1"],
+            ["--output-len-spread", "0.25"],
+        ):
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(
+                io.StringIO()
+            ):
+                parse(*flags)
 
     def streaming_server(self, token_seconds: Callable[[int], float]):
         """one_request of a stand-in server that streams each token of a request
@@ -1138,6 +1146,7 @@ class TestBenchSweepResults(CustomTestCase):
             min_requests=4,
             requests_per_concurrency=2,
             repeats=1,
+            output_len_spread=0.0,
         )
 
     def test_bench_serving_gets_our_workload_offline(self):
@@ -1176,6 +1185,23 @@ class TestBenchSweepResults(CustomTestCase):
             ("--output-file", "/o.jsonl"),
         ]:
             self.assertEqual(command[command.index(flag) + 1], value, flag)
+        # --output-len-spread S: bench_serving's one ratio spreads prompts and outputs
+        # alike, both around their means by S.
+        args.output_len_spread = 0.5
+        spread = sweep.bench_serving.bench_serving_command(
+            args, "/models/t", 8, 32, "/o.jsonl"
+        )
+        lengths = {
+            flag: float(spread[spread.index(flag) + 1])
+            for flag in (
+                "--random-input-len",
+                "--random-output-len",
+                "--random-range-ratio",
+            )
+        }
+        self.assertEqual(lengths["--random-input-len"], 24)
+        self.assertEqual(lengths["--random-output-len"], 12)
+        self.assertAlmostEqual(lengths["--random-range-ratio"] * 24, 8, places=4)
         self.assertEqual(
             sweep.bench_serving.OFFLINE_ENV,
             {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
