@@ -12,7 +12,6 @@ import sys
 from typing import List, Tuple
 
 from sweep.configs import Config
-from sweep.server import bench_serving_enabled
 from sweep.stats import median_with_spread
 from sweep.workloads import point_requests
 
@@ -21,6 +20,10 @@ from sweep.workloads import point_requests
 BENCH_SERVING_MODULE = "sglang.benchmark.serving"
 # Nothing to download: the tokenizer is a local path, random-ids needs no dataset.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def bench_serving_enabled(args: argparse.Namespace) -> bool:
+    return getattr(args, "bench_serving", None) is not None
 
 
 def bench_serving_at(args: argparse.Namespace, concurrency: int) -> bool:

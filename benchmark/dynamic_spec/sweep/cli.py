@@ -15,7 +15,7 @@ from sglang.test.spec_engine_utils import synthetic_pair
 from sglang.test.synthetic_spec_models import parse_draft_accept
 from sweep.bench_serving import BENCH_SERVING_MODULE
 from sweep.configs import Config, build_configs, pristine_upstream
-from sweep.records import finished, records_by_config, results_lock
+from sweep.records import finished, other_front_ends, records_by_config, results_lock
 from sweep.results import (
     describe_run,
     model_name,
@@ -24,6 +24,7 @@ from sweep.results import (
     write_results,
 )
 from sweep.runs import run_config, run_decode_rate
+from sweep.server import config_server_args
 from sweep.targets import suggested_threshold
 
 # --disable-threshold-for CONFIG=suggested: the threshold the static configs' records suggest.
@@ -226,8 +227,7 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
         "--input-len token ids, --output-len tokens (with --output-len-spread, both "
         "spread by S), as many prompts as one of the "
         "point's closed loops, --repeats times) and record its output tok/s beside "
-        "ours; the servers then run with their tokenizer (no --skip-tokenizer-init), "
-        "since its client times the streamed text",
+        "ours",
     )
     parser.add_argument(
         "--decode-rate",
@@ -272,6 +272,17 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
     return args
 
 
+def refuse_other_front_ends(out_dir: str, server_args: List[str]) -> None:
+    others = other_front_ends(out_dir, server_args)
+    if others:
+        sys.exit(
+            f"{out_dir} holds records of servers with another front end "
+            f"({', '.join(others)}: --skip-tokenizer-init or --stream-interval "
+            "differ), which would not compare with this run's; use another "
+            "--out-dir or --results-date"
+        )
+
+
 def main(description: Optional[str] = None) -> None:
     """description: of --help (bench_sweep.py's docstring)."""
     args = parse_args(description)
@@ -289,6 +300,7 @@ def main(description: Optional[str] = None) -> None:
     target, draft = generated_pair(args.preset, args.draft_accept)
     header = describe_run(model_name(args))
     out_dir = results_dir(args)
+    refuse_other_front_ends(out_dir, config_server_args(args, configs[0], draft))
     save = record_saver(out_dir, header)
     log_dir = os.path.join(out_dir, "logs")
     for server in range(args.servers):

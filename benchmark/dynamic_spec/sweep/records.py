@@ -123,6 +123,29 @@ def results_lock(out_dir: str) -> Iterator[None]:
         yield
 
 
+def front_end(server_args: List[str]) -> Tuple[bool, str]:
+    """What a server's front end does with each streamed chunk: whether it skipped
+    the tokenizer, and its stream interval."""
+    interval = "1"
+    if "--stream-interval" in server_args:
+        interval = server_args[server_args.index("--stream-interval") + 1]
+    return "--skip-tokenizer-init" in server_args, interval
+
+
+def other_front_ends(out_dir: str, server_args: List[str]) -> List[str]:
+    """The records in out_dir's raw.json whose servers ran another front end than
+    server_args: at a few hundred clients the front end can pace a point, so such
+    records do not compare with this run's."""
+    with results_lock(out_dir):
+        records = records_by_config(out_dir)
+    return sorted(
+        key
+        for key, record in records.items()
+        if "server_args" in record
+        and front_end(record["server_args"]) != front_end(server_args)
+    )
+
+
 def records_by_config(out_dir: str) -> Dict[str, dict]:
     """The records in out_dir's raw.json by record_key (the config name for its
     first server; {} before the first record); under results_lock."""

@@ -62,16 +62,13 @@ def backend_env(args: argparse.Namespace) -> Dict[str, str]:
     }
 
 
-def bench_serving_enabled(args: argparse.Namespace) -> bool:
-    """--bench-serving was given: the servers keep their tokenizer, since its
-    client counts and times only streamed text."""
-    return getattr(args, "bench_serving", None) is not None
-
-
 def config_server_args(
     args: argparse.Namespace, config: Config, draft: str
 ) -> List[str]:
-    """launch_server flags of a config: shared serving flags, then its speculation."""
+    """launch_server flags of a config: shared serving flags, then its speculation.
+    The servers keep their tokenizer, as deployments do: upstream's bench_serving
+    counts and times only streamed text, and every call of a sweep, with
+    --bench-serving or without, then runs the same front end."""
     max_bs = max([*args.concurrency, *(getattr(args, "decode_rate", None) or [])])
     server_args = cli_args(
         dict(
@@ -83,7 +80,6 @@ def config_server_args(
             # --max-running-requests (upstream counts it once by 0.5.23).
             max_running_requests=max_bs + 1,
             mem_fraction_static=args.mem_fraction_static,
-            skip_tokenizer_init=not bench_serving_enabled(args),
             enable_metrics=True,
             stream_interval=args.stream_interval,
         )

@@ -782,9 +782,8 @@ class TestBenchSweepResults(CustomTestCase):
         )
         self.assertIn("--tp-size 2 --cuda-graph-max-bs 64 ", flags)
         self.assertIn("--max-running-requests 65 ", flags)
-        self.assertIn(
-            "--skip-tokenizer-init --enable-metrics --stream-interval 1", flags
-        )
+        self.assertIn("--enable-metrics --stream-interval 1", flags)
+        self.assertNotIn("--skip-tokenizer-init", flags)
         args.stream_interval = 8
         nospec = " ".join(
             sweep.server.config_server_args(args, configs["nospec"], "/d")
@@ -1206,7 +1205,8 @@ class TestBenchSweepResults(CustomTestCase):
             sweep.bench_serving.OFFLINE_ENV,
             {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         )
-        # Its client counts and times only streamed text: servers keep their tokenizer.
+        # Its client counts and times only streamed text: servers keep their
+        # tokenizer, and with it or without, run the same front end.
         server = argparse.Namespace(
             attention_backend="triton",
             tp_size=1,
@@ -1215,15 +1215,29 @@ class TestBenchSweepResults(CustomTestCase):
             stream_interval=1,
         )
         nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
-        self.assertIn(
-            "--skip-tokenizer-init",
-            sweep.server.config_server_args(server, nospec, "/d"),
-        )
-        server.bench_serving = True
-        self.assertNotIn(
-            "--skip-tokenizer-init",
-            sweep.server.config_server_args(server, nospec, "/d"),
-        )
+        without = sweep.server.config_server_args(server, nospec, "/d")
+        server.bench_serving = [8]
+        self.assertEqual(sweep.server.config_server_args(server, nospec, "/d"), without)
+        self.assertNotIn("--skip-tokenizer-init", without)
+
+    def test_a_results_dir_holds_one_front_end(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            flags = ["--enable-metrics", "--stream-interval", "1"]
+            self.assertEqual(sweep.records.other_front_ends(out_dir, flags), [])
+            header = {"model": "tiny", "gpu": "g", "commit": "c", "command": "x"}
+            for name, server_args in [
+                ("nospec", ["--enable-metrics"]),  # before --stream-interval was passed
+                ("eagle3-topk1", ["--skip-tokenizer-init", "--enable-metrics"]),
+                ("auto-topk1", ["--enable-metrics", "--stream-interval", "8"]),
+            ]:
+                record = {"config": name, "server_args": server_args, "points": []}
+                sweep.records.merge_record(out_dir, record, header)
+            self.assertEqual(
+                sweep.records.other_front_ends(out_dir, flags),
+                ["auto-topk1", "eagle3-topk1"],
+            )
+            with self.assertRaisesRegex(SystemExit, "auto-topk1, eagle3-topk1"):
+                sweep.cli.refuse_other_front_ends(out_dir, flags)
 
     def test_bench_serving_results_come_from_its_output_file(self):
         runs = [
@@ -1371,9 +1385,9 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual([c for c in (1, 16, 64, 128) if at(listed, c)], [16, 128])
         off = parse()
         self.assertFalse(at(off, 16))
-        self.assertFalse(sweep.server.bench_serving_enabled(off))
+        self.assertFalse(sweep.bench_serving.bench_serving_enabled(off))
         for args in (every, listed):
-            self.assertTrue(sweep.server.bench_serving_enabled(args))
+            self.assertTrue(sweep.bench_serving.bench_serving_enabled(args))
 
     def test_a_point_runs_bench_serving_when_asked(self):
         calls = []
