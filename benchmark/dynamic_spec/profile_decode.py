@@ -97,7 +97,7 @@ async def wait_for_trace(profile_dir: str, load: asyncio.Task, timeout=120) -> s
 
 def profile_config(args, config: Config, target, draft, out_dir: str) -> List[dict]:
     prompts = PromptSource(args.input_len)
-    with serving(args, config, target, draft, prompts, args.concurrency) as launch:
+    with serving(args, config, target, draft, prompts, args.concurrency) as launched:
         profiles = []
         for concurrency in args.concurrency:
             trace = asyncio.run(profile_at(args, config, prompts, concurrency, out_dir))
@@ -107,7 +107,7 @@ def profile_config(args, config: Config, target, draft, out_dir: str) -> List[di
                     "concurrency": concurrency,
                     "trace": trace,
                     "summary": summarize_trace(load_written_events(trace), args.steps),
-                    **launch,
+                    **launched.record,
                 }
             )
         return profiles

@@ -56,14 +56,21 @@ def run_config(
     warmup_concurrencies = [*args.concurrency, *args.ramp]
     with serving(
         args, config, target, draft, prompts, warmup_concurrencies, log_path
-    ) as launch:
-        record = {"config": config.name, **launch, "unique_prompts": True, "points": []}
+    ) as launched:
+        record = {
+            "config": config.name,
+            **launched.record,
+            "unique_prompts": True,
+            "points": [],
+        }
         if server:
             record["server"] = server
         state = server_state(args.url)
         record["kv_capacity_tokens"] = state["memory_usage"]["token_capacity"]
         for concurrency in tqdm(args.concurrency, desc=config.name):
-            point = measure_point(args, config, prompts, concurrency)
+            point = measure_point(
+                args, config, prompts, concurrency, launched.front_end_pid
+            )
             if bench_serving_at(args, concurrency):
                 point["bench_serving"] = run_bench_serving(
                     args, config, target, concurrency, log_dir
@@ -91,10 +98,10 @@ def run_decode_rate(
     log_path = server_log_path(log_dir, f"{config.name}-decode-rate")
     with serving(
         args, config, target, draft, prompts, args.decode_rate, log_path
-    ) as launch:
+    ) as launched:
         capacity = server_state(args.url)["memory_usage"]["token_capacity"]
         section = {
-            **launch,
+            **launched.record,
             "kv_capacity_tokens": capacity,
             "input_len": args.input_len,
             "output_len": args.decode_output_len,

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -143,6 +144,24 @@ def warm_up(url: str, prompts: PromptSource, concurrencies: Iterable[int]) -> No
         )
 
 
+@dataclasses.dataclass
+class Launched:
+    """A running server: how it was launched (for its record), and the pid of its
+    front end, launch_server's own process (HTTP server and tokenizer manager),
+    through which every request and streamed chunk passes."""
+
+    record: Dict[str, Any]
+    front_end_pid: int
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """The CPU seconds (user and system, all threads) a process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        after_name = f.read().rsplit(")", 1)[1].split()
+    utime, stime = after_name[11], after_name[12]  # fields 14 and 15 of proc(5)
+    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
 def serving(
     args: argparse.Namespace,
@@ -152,10 +171,10 @@ def serving(
     prompts: PromptSource,
     warmup_concurrencies: Iterable[int],
     log_path: Optional[str] = None,
-) -> Iterator[Dict[str, Any]]:
+) -> Iterator[Launched]:
     """A fresh server of a config (the previous one gone, the GPU idle), warmed up at
-    warmup_concurrencies; yields how it was launched. log_path: the server's output
-    (default: ours); an auto config's step trace goes beside it."""
+    warmup_concurrencies. log_path: the server's output (default: ours); an auto
+    config's step trace goes beside it."""
     env = server_env(args, config)
     if config.auto and log_path is not None:
         env["SGLANG_LOAD_AWARE_STEP_TRACE"] = step_trace_path(log_path)
@@ -168,9 +187,9 @@ def serving(
     server_args = config_server_args(args, config, draft)
     with running_server(
         target, server_args, env=env, base_url=args.url, log_path=log_path
-    ):
+    ) as (_, process):
         warm_up(args.url, prompts, warmup_concurrencies)
-        yield {"server_args": server_args, **launch}
+        yield Launched({"server_args": server_args, **launch}, process.pid)
 
 
 def step_trace_path(log_path: str) -> str:

@@ -53,7 +53,9 @@ def results_markdown(records: List[dict], title: str) -> str:
             " server's) / quiet share: the share of the window, in"
             f" {QUIET_BIN_SECONDS} s bins, that streamed under {QUIET_RATE_FRACTION:.0%}"
             " of its mean token rate (where requests that started together are"
-            " prefilled together, in waves):\n\n",
+            " prefilled together, in waves) / the server's front end: the share of a"
+            " core that its process (HTTP server and tokenizer manager) kept busy over"
+            " the point (near 100%, it sets the pace):\n\n",
             pace,
         ]
     rates = decode_rate_table(records)
@@ -232,12 +234,18 @@ def latency_table(records: List[dict]) -> str:
 
 
 def client_pace_table(records: List[dict]) -> str:
+    """Where each figure came later, older records lack it."""
+    shares = ("quiet_share", "front_end_cpu_share")
     return points_table(
         records,
         "requests_in_flight",
-        lambda p: f"{p['requests_in_flight']:.1f} / "
-        f"{p['client_loop_lag_max_ms']:.0f}"
-        + (f" / {p['quiet_share']:.0%}" if "quiet_share" in p else ""),
+        lambda p: " / ".join(
+            [
+                f"{p['requests_in_flight']:.1f}",
+                f"{p['client_loop_lag_max_ms']:.0f}",
+                *(f"{p[share]:.0%}" for share in shares if share in p),
+            ]
+        ),
     )
 
 

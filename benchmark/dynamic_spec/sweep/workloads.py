@@ -14,13 +14,13 @@ from sglang.test.synthetic_spec_models import load_spec
 from sweep.client import ContentShiftPrompts, PromptSource, RequestResult
 from sweep.configs import Config
 from sweep.loops import closed_loop, decode_rate_loop, ramp_loop, steady_loop
-from sweep.server import server_state, spec_step_share
+from sweep.server import process_cpu_seconds, server_state, spec_step_share
 from sweep.stats import Run, median_with_spread, summarize
 from tqdm import tqdm
 
-# The benchmark client is one asyncio thread that reads every streamed chunk: near a
-# whole core, it, not the server, sets the pace of the closed loop.
-CLIENT_CPU_SHARE_WARNING = 0.8
+# The benchmark client, and the server's front end, are each one asyncio thread that
+# handles every streamed chunk: near a whole core, it sets the pace of the closed loop.
+BUSY_SHARE_WARNING = 0.8
 
 
 def point_requests(args: argparse.Namespace, concurrency: int) -> int:
@@ -29,17 +29,29 @@ def point_requests(args: argparse.Namespace, concurrency: int) -> int:
 
 
 def measure_point(
-    args: argparse.Namespace, config: Config, prompts: PromptSource, concurrency: int
+    args: argparse.Namespace,
+    config: Config,
+    prompts: PromptSource,
+    concurrency: int,
+    front_end_pid: int,
 ) -> dict:
+    """A point's runs, with how busy the client (over its runs) and the server's
+    front end (over the whole point) kept a core."""
     num = point_requests(args, concurrency)
+    name = f"{config.name} C={concurrency}"
     before = server_state(args.url)
+    start, front_end_start = time.perf_counter(), process_cpu_seconds(front_end_pid)
     runs = [measure_run(args, prompts, num, concurrency) for _ in range(args.repeats)]
+    front_end_cpu = process_cpu_seconds(front_end_pid) - front_end_start
     point = summarize(runs)
     point.update(
         config=config.name,
         concurrency=concurrency,
         spec_step_share=spec_step_share(config, before, server_state(args.url)),
-        client_cpu_share=busy_client_share(runs, f"{config.name} C={concurrency}"),
+        client_cpu_share=busy_client_share(runs, name),
+        front_end_cpu_share=busy_share(
+            front_end_cpu, time.perf_counter() - start, "the server's front end", name
+        ),
     )
     return point
 
@@ -87,13 +99,19 @@ def closed_loops_for(
 
 
 def busy_client_share(runs: List[Run], point: str) -> float:
-    """The share of a core the client kept busy over the runs, with a warning when
-    it may have set the pace."""
-    share = sum(r.client_cpu for r in runs) / sum(r.wall for r in runs)
-    if share > CLIENT_CPU_SHARE_WARNING:
+    """The share of a core the client kept busy over the runs."""
+    cpu = sum(r.client_cpu for r in runs)
+    return busy_share(cpu, sum(r.wall for r in runs), "the client", point)
+
+
+def busy_share(cpu_seconds: float, wall: float, whose: str, point: str) -> float:
+    """The share of a core a process kept busy, with a warning when it may have set
+    the pace of the point."""
+    share = cpu_seconds / wall
+    if share > BUSY_SHARE_WARNING:
         tqdm.write(
-            f"{point}: the client kept {share:.0%} of a core busy; it may have "
-            "limited this point, not the server"
+            f"{point}: {whose} kept {share:.0%} of a core busy; it may have "
+            "limited this point"
         )
     return share
 

@@ -158,20 +158,38 @@ class TestBenchSweepResults(CustomTestCase):
             steady=False,
         )
         nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
+        # The server's front end: 1 then 3.6 CPU seconds over the 4 s of a point.
+        front_end_cpu = iter([10.0, 11.0, 20.0, 23.6])
+        clock = mock.Mock(perf_counter=mock.Mock(side_effect=[0.0, 4.0] * 2))
         with mock.patch.multiple(
             sweep.workloads,
             closed_loops_for=closed_loops_for,
             server_state=lambda url: {},
+            process_cpu_seconds=lambda pid: next(front_end_cpu),
+            time=clock,
             tqdm=mock.Mock(write=warnings.append),
         ):
-            point = sweep.workloads.measure_point(args, nospec, None, 4)
+            point = sweep.workloads.measure_point(args, nospec, None, 4, 7)
             self.assertAlmostEqual(point["client_cpu_share"], 0.9)
+            self.assertAlmostEqual(point["front_end_cpu_share"], 0.25)
             self.assertEqual(len(warnings), 1)
             self.assertIn("nospec C=4: the client kept 90% of a core busy", warnings[0])
             client_cpu[:] = [1.0, 1.0]
-            point = sweep.workloads.measure_point(args, nospec, None, 4)
+            point = sweep.workloads.measure_point(args, nospec, None, 4, 7)
             self.assertAlmostEqual(point["client_cpu_share"], 0.5)
-            self.assertEqual(len(warnings), 1)
+            self.assertAlmostEqual(point["front_end_cpu_share"], 0.9)
+            self.assertEqual(len(warnings), 2)
+            self.assertIn("the server's front end kept 90% of a core", warnings[1])
+
+    def test_a_process_cpu_time_is_read_from_proc(self):
+        deadline = time.process_time() + 0.2
+        while time.process_time() < deadline:
+            pass
+        self.assertAlmostEqual(
+            sweep.server.process_cpu_seconds(os.getpid()),
+            time.process_time(),
+            delta=0.05,
+        )
 
     def test_every_request_of_a_run_gets_a_new_prompt(self):
         loops = []
@@ -469,7 +487,9 @@ class TestBenchSweepResults(CustomTestCase):
         def serving(args, config, target, draft, prompts, warmup, log_path):
             self.assertEqual(warmup, [64, 128])
             Path(log_path).write_text("")
-            yield {"server_args": ["--x"], "env": {}, "code": {"sglang": "fork"}}
+            yield sweep.server.Launched(
+                {"server_args": ["--x"], "env": {}, "code": {"sglang": "fork"}}, 7
+            )
 
         def measure_decode_rate(args, config, prompts, batch):
             return {"config": config.name, "batch": batch, "output_tok_s": 1.0}
@@ -1015,7 +1035,7 @@ class TestBenchSweepResults(CustomTestCase):
         @contextlib.contextmanager
         def running_server(target, server_args, env, base_url, log_path):
             launched.append(env)
-            yield base_url, None
+            yield base_url, mock.Mock(pid=7)
 
         code = {"sglang": "pristine upstream", "origin": "/p/sglang/__init__.py"}
         args = argparse.Namespace(
@@ -1035,8 +1055,10 @@ class TestBenchSweepResults(CustomTestCase):
             server_env=lambda args, config: {"PYTHONPATH": "/p"},
             code_that_runs=lambda config, env: code,
         ):
-            with sweep.server.serving(args, config, "/t", "/d", None, [1]) as launch:
+            with sweep.server.serving(args, config, "/t", "/d", None, [1]) as server:
                 pass
+        self.assertEqual(server.front_end_pid, 7)
+        launch = server.record
         self.assertEqual(launched, [{"PYTHONPATH": "/p"}])
         self.assertEqual(launch["code"], code)
         self.assertEqual(launch["env"], {"PYTHONPATH": "/p"})
@@ -1055,7 +1077,7 @@ class TestBenchSweepResults(CustomTestCase):
         @contextlib.contextmanager
         def running_server(target, server_args, env, base_url, log_path):
             launched.append(env)
-            yield base_url, None
+            yield base_url, mock.Mock(pid=7)
 
         args = argparse.Namespace(
             attention_backend="triton",
@@ -1367,10 +1389,13 @@ class TestBenchSweepResults(CustomTestCase):
             requests_in_flight=7.93, client_loop_lag_max_ms=171.6
         )
         record["points"][0].update(
-            requests_in_flight=1.0, client_loop_lag_max_ms=12.0, quiet_share=0.57
+            requests_in_flight=1.0,
+            client_loop_lag_max_ms=12.0,
+            quiet_share=0.57,
+            front_end_cpu_share=0.934,
         )
         table = sweep.tables.client_pace_table([record, self.record("eagle3-topk1", 1)])
-        self.assertIn("| nospec | 1.0 / 12 / 57% | 7.9 / 172 |", table)
+        self.assertIn("| nospec | 1.0 / 12 / 57% / 93% | 7.9 / 172 |", table)
         self.assertNotIn("eagle3-topk1", table)
 
     def test_bench_serving_runs_at_every_point_or_at_the_c_listed(self):
@@ -1395,7 +1420,7 @@ class TestBenchSweepResults(CustomTestCase):
         @contextlib.contextmanager
         def serving(args, config, target, draft, prompts, warmup, log_path):
             Path(log_path).write_text("")
-            yield {"server_args": [], "env": {}}
+            yield sweep.server.Launched({"server_args": [], "env": {}}, 7)
 
         def run_bench_serving(args, config, target, concurrency, log_dir):
             calls.append((config.name, target, concurrency))
@@ -1414,7 +1439,7 @@ class TestBenchSweepResults(CustomTestCase):
             sweep.runs,
             serving=serving,
             server_state=lambda url: {"memory_usage": {"token_capacity": 9}},
-            measure_point=lambda args, config, prompts, c: {"concurrency": c},
+            measure_point=lambda args, config, prompts, c, pid: {"concurrency": c},
             run_bench_serving=run_bench_serving,
             run_ramp=lambda args, config, prompts: {},
             tqdm=lambda items, desc: items,
@@ -1827,7 +1852,7 @@ class TestBenchSweepResults(CustomTestCase):
     def test_a_run_cut_off_keeps_the_points_it_finished(self):
         measured = []
 
-        def measure_point(args, config, prompts, concurrency):
+        def measure_point(args, config, prompts, concurrency, front_end_pid):
             if len(measured) == 2:
                 raise KeyboardInterrupt  # the run's time limit
             point = self.record(config.name, 100.0)["points"][0]
@@ -1840,7 +1865,7 @@ class TestBenchSweepResults(CustomTestCase):
         ):
             self.assertEqual(warmup_concurrencies, [1, 8, 64, 1, 4])
             Path(log_path).write_text("")
-            yield {"server_args": [], "env": {}}
+            yield sweep.server.Launched({"server_args": [], "env": {}}, 7)
 
         state = {"memory_usage": {"token_capacity": 1000}}
         args = argparse.Namespace(
