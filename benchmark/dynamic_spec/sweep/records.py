@@ -138,11 +138,12 @@ def other_front_ends(out_dir: str, server_args: List[str]) -> List[str]:
     records do not compare with this run's."""
     with results_lock(out_dir):
         records = records_by_config(out_dir)
+    ours = front_end(server_args)
     return sorted(
         key
         for key, record in records.items()
-        if "server_args" in record
-        and front_end(record["server_args"]) != front_end(server_args)
+        for section in (record, record.get("decode_rate", {}))
+        if "server_args" in section and front_end(section["server_args"]) != ours
     )
 
 

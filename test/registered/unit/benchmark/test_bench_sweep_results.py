@@ -1254,9 +1254,13 @@ class TestBenchSweepResults(CustomTestCase):
             ]:
                 record = {"config": name, "server_args": server_args, "points": []}
                 sweep.records.merge_record(out_dir, record, header)
+            decode_rate = {"server_args": ["--stream-interval", "4"], "points": []}
+            sweep.records.merge_record(
+                out_dir, {"config": "plain-topk1", "decode_rate": decode_rate}, header
+            )
             self.assertEqual(
                 sweep.records.other_front_ends(out_dir, flags),
-                ["auto-topk1", "eagle3-topk1"],
+                ["auto-topk1", "eagle3-topk1", "plain-topk1"],
             )
             with self.assertRaisesRegex(SystemExit, "auto-topk1, eagle3-topk1"):
                 sweep.cli.refuse_other_front_ends(out_dir, flags)
