@@ -15,7 +15,12 @@ from sglang.test.spec_engine_utils import synthetic_pair
 from sglang.test.synthetic_spec_models import parse_draft_accept
 from sweep.bench_serving import BENCH_SERVING_MODULE
 from sweep.configs import Config, build_configs, pristine_upstream
-from sweep.records import finished, other_front_ends, records_by_config, results_lock
+from sweep.records import (
+    finished,
+    incomparable_records,
+    records_by_config,
+    results_lock,
+)
 from sweep.results import (
     describe_run,
     model_name,
@@ -26,6 +31,7 @@ from sweep.results import (
 from sweep.runs import run_config, run_decode_rate
 from sweep.server import config_server_args
 from sweep.targets import suggested_threshold
+from sweep.workloads import sweep_workload
 
 # --disable-threshold-for CONFIG=suggested: the threshold the static configs' records suggest.
 SUGGESTED = "suggested"
@@ -272,14 +278,16 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
     return args
 
 
-def refuse_other_front_ends(out_dir: str, server_args: List[str]) -> None:
-    others = other_front_ends(out_dir, server_args)
+def refuse_incomparable_records(
+    out_dir: str, server_args: List[str], workload: Optional[dict]
+) -> None:
+    others = incomparable_records(out_dir, server_args, workload)
     if others:
         sys.exit(
-            f"{out_dir} holds records of servers with another front end "
-            f"({', '.join(others)}: --skip-tokenizer-init or --stream-interval "
-            "differ), which would not compare with this run's; use another "
-            "--out-dir or --results-date"
+            f"{out_dir} holds records ({', '.join(others)}) of another front end "
+            "(--skip-tokenizer-init, --stream-interval) or workload (--input-len, "
+            "--output-len, --steady, --output-len-spread), which would not compare "
+            "with this run's; use another --out-dir or --results-date"
         )
 
 
@@ -300,7 +308,11 @@ def main(description: Optional[str] = None) -> None:
     target, draft = generated_pair(args.preset, args.draft_accept)
     header = describe_run(model_name(args))
     out_dir = results_dir(args)
-    refuse_other_front_ends(out_dir, config_server_args(args, configs[0], draft))
+    refuse_incomparable_records(
+        out_dir,
+        config_server_args(args, configs[0], draft),
+        None if args.decode_rate else sweep_workload(args),
+    )
     save = record_saver(out_dir, header)
     log_dir = os.path.join(out_dir, "logs")
     for server in range(args.servers):

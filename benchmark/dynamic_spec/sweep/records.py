@@ -132,18 +132,26 @@ def front_end(server_args: List[str]) -> Tuple[bool, str]:
     return "--skip-tokenizer-init" in server_args, interval
 
 
-def other_front_ends(out_dir: str, server_args: List[str]) -> List[str]:
-    """The records in out_dir's raw.json whose servers ran another front end than
-    server_args: at a few hundred clients the front end can pace a point, so such
-    records do not compare with this run's."""
+def incomparable_records(
+    out_dir: str, server_args: List[str], workload: Optional[dict]
+) -> List[str]:
+    """The records in out_dir's raw.json that do not compare with a run of servers
+    with server_args whose clients send workload (None: not a sweep): their servers
+    ran another front end (at a few hundred clients it can pace a point), or their
+    clients another workload. A record from before a field was kept matches it."""
+    ours = front_end(server_args)
+
+    def differs(section: dict) -> bool:
+        if "server_args" in section and front_end(section["server_args"]) != ours:
+            return True
+        return workload is not None and section.get("workload", workload) != workload
+
     with results_lock(out_dir):
         records = records_by_config(out_dir)
-    ours = front_end(server_args)
     return sorted(
         key
         for key, record in records.items()
-        for section in (record, record.get("decode_rate", {}))
-        if "server_args" in section and front_end(section["server_args"]) != ours
+        if differs(record) or differs(record.get("decode_rate", {}))
     )
 
 

@@ -16,6 +16,7 @@ from sweep.workloads import (
     measure_point,
     run_content_shift,
     run_ramp,
+    sweep_workload,
 )
 from tqdm import tqdm
 
@@ -60,6 +61,7 @@ def run_config(
         record = {
             "config": config.name,
             **launched.record,
+            "workload": sweep_workload(args),
             "unique_prompts": True,
             "points": [],
         }

@@ -23,6 +23,17 @@ from tqdm import tqdm
 BUSY_SHARE_WARNING = 0.8
 
 
+def sweep_workload(args: argparse.Namespace) -> dict:
+    """What a sweep's clients send, kept in its records: records of another
+    workload do not compare."""
+    return {
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "steady": args.steady,
+        "output_len_spread": args.output_len_spread,
+    }
+
+
 def point_requests(args: argparse.Namespace, concurrency: int) -> int:
     """The requests of one closed loop at a concurrency."""
     return max(args.min_requests, args.requests_per_concurrency * concurrency)

@@ -1242,28 +1242,46 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(sweep.server.config_server_args(server, nospec, "/d"), without)
         self.assertNotIn("--skip-tokenizer-init", without)
 
-    def test_a_results_dir_holds_one_front_end(self):
+    def test_a_results_dir_holds_one_front_end_and_workload(self):
+        args = argparse.Namespace(
+            input_len=512, output_len=128, steady=True, output_len_spread=0.0
+        )
+        workload = sweep.workloads.sweep_workload(args)
+        spread = {**workload, "output_len_spread": 0.5}
+        flags = ["--enable-metrics", "--stream-interval", "1"]
+        header = {"model": "tiny", "gpu": "g", "commit": "c", "command": "x"}
         with tempfile.TemporaryDirectory() as out_dir:
-            flags = ["--enable-metrics", "--stream-interval", "1"]
-            self.assertEqual(sweep.records.other_front_ends(out_dir, flags), [])
-            header = {"model": "tiny", "gpu": "g", "commit": "c", "command": "x"}
-            for name, server_args in [
-                ("nospec", ["--enable-metrics"]),  # before --stream-interval was passed
-                ("eagle3-topk1", ["--skip-tokenizer-init", "--enable-metrics"]),
-                ("auto-topk1", ["--enable-metrics", "--stream-interval", "8"]),
+            incomparable = sweep.records.incomparable_records
+            self.assertEqual(incomparable(out_dir, flags, workload), [])
+            for name, server_args, record_workload in [
+                # Before --stream-interval was passed, and before workloads were kept.
+                ("nospec", ["--enable-metrics"], None),
+                ("eagle3-topk1", ["--skip-tokenizer-init", "--enable-metrics"], None),
+                ("auto-topk1", ["--enable-metrics", "--stream-interval", "8"], None),
+                ("loadaware-topk1", flags, workload),
+                ("eagle3-topk4", flags, spread),
             ]:
                 record = {"config": name, "server_args": server_args, "points": []}
+                if record_workload is not None:
+                    record["workload"] = record_workload
                 sweep.records.merge_record(out_dir, record, header)
             decode_rate = {"server_args": ["--stream-interval", "4"], "points": []}
             sweep.records.merge_record(
                 out_dir, {"config": "plain-topk1", "decode_rate": decode_rate}, header
             )
+            other_front_ends = ["auto-topk1", "eagle3-topk1", "plain-topk1"]
             self.assertEqual(
-                sweep.records.other_front_ends(out_dir, flags),
-                ["auto-topk1", "eagle3-topk1", "plain-topk1"],
+                incomparable(out_dir, flags, workload),
+                sorted([*other_front_ends, "eagle3-topk4"]),
             )
+            self.assertEqual(
+                incomparable(out_dir, flags, spread),
+                sorted([*other_front_ends, "loadaware-topk1"]),
+            )
+            # A decode-rate run sends no sweep workload: only front ends count.
+            self.assertEqual(incomparable(out_dir, flags, None), other_front_ends)
             with self.assertRaisesRegex(SystemExit, "auto-topk1, eagle3-topk1"):
-                sweep.cli.refuse_other_front_ends(out_dir, flags)
+                sweep.cli.refuse_incomparable_records(out_dir, flags, None)
 
     def test_bench_serving_results_come_from_its_output_file(self):
         runs = [
@@ -1435,6 +1453,9 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[1, 8],
             ramp=[1],
             input_len=4,
+            output_len=2,
+            steady=False,
+            output_len_spread=0.0,
             bench_serving=[8],
             content_shift=None,
         )
@@ -1873,7 +1894,13 @@ class TestBenchSweepResults(CustomTestCase):
 
         state = {"memory_usage": {"token_capacity": 1000}}
         args = argparse.Namespace(
-            url="u", concurrency=[1, 8, 64], ramp=[1, 4], input_len=4
+            url="u",
+            concurrency=[1, 8, 64],
+            ramp=[1, 4],
+            input_len=4,
+            output_len=2,
+            steady=True,
+            output_len_spread=0.5,
         )
         config = sweep.configs.KNOWN_CONFIGS["nospec"]
         with tempfile.TemporaryDirectory() as out_dir, mock.patch.multiple(
@@ -1892,6 +1919,15 @@ class TestBenchSweepResults(CustomTestCase):
             saved = json.loads(Path(out_dir, "raw.json").read_text())["records"]
             self.assertEqual([r["config"] for r in saved], ["nospec", "eagle3-topk4"])
             self.assertEqual([p["concurrency"] for p in saved[0]["points"]], [1, 8])
+            self.assertEqual(
+                saved[0]["workload"],
+                {
+                    "input_len": 4,
+                    "output_len": 2,
+                    "steady": True,
+                    "output_len_spread": 0.5,
+                },
+            )
             self.assertFalse(sweep.records.finished(saved[0]))
             summary = json.loads(Path(out_dir, "summary.json").read_text())
             self.assertEqual([r["config"] for r in summary["ramp"]], ["eagle3-topk4"])
