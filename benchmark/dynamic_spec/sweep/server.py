@@ -18,6 +18,7 @@ import tempfile
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+import psutil
 import requests
 from sglang.test.spec_engine_utils import cli_args, eagle3_args, running_server
 from sweep.client import PromptSource
@@ -156,10 +157,8 @@ class Launched:
 
 def process_cpu_seconds(pid: int) -> float:
     """The CPU seconds (user and system, all threads) a process has used so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        after_name = f.read().rsplit(")", 1)[1].split()
-    utime, stime = after_name[11], after_name[12]  # fields 14 and 15 of proc(5)
-    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 @contextlib.contextmanager

@@ -181,7 +181,7 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(len(warnings), 2)
             self.assertIn("the server's front end kept 90% of a core", warnings[1])
 
-    def test_a_process_cpu_time_is_read_from_proc(self):
+    def test_a_process_cpu_time_counts_its_busy_seconds(self):
         deadline = time.process_time() + 0.2
         while time.process_time() < deadline:
             pass
