@@ -42,8 +42,8 @@ def run_config(
     server: int = 0,
 ) -> None:
     """Measure a config in a fresh server (the server-th of --servers); save() gets
-    its record after every point and after the ramp, so a run cut off keeps the
-    points it finished."""
+    its record after every point (before its bench_serving runs, and again after)
+    and after the ramp, so a run cut off keeps the points it finished."""
     prompts = PromptSource(args.input_len, seed=server)
     suffix = f"-server{server}" if server else ""
     log_path = server_log_path(log_dir, f"{config.name}{suffix}")
@@ -73,12 +73,13 @@ def run_config(
             point = measure_point(
                 args, config, prompts, concurrency, launched.front_end_pid
             )
+            record["points"].append(point)
+            save_with_decode_throughput(record)
             if bench_serving_at(args, concurrency):
                 point["bench_serving"] = run_bench_serving(
                     args, config, target, concurrency, log_dir
                 )
-            record["points"].append(point)
-            save_with_decode_throughput(record)
+                save_with_decode_throughput(record)
         record["ramp"] = run_ramp(args, config, prompts)
         save_with_decode_throughput(record)
         if args.content_shift:
