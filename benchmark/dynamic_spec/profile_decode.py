@@ -30,6 +30,7 @@ from sweep.cli import (
     add_server_args,
     generated_pair,
     selected_configs,
+    spread_fraction,
     with_suggested_threshold,
 )
 from sweep.client import PromptSource
@@ -61,7 +62,13 @@ async def profile_at(
     # The closed loop draws from the endless source until the profile is written.
     load_prompts = prompts if args.closed_loop else prompts.take(concurrency)
     load = asyncio.create_task(
-        closed_loop(args.url, load_prompts, args.output_len, concurrency)
+        closed_loop(
+            args.url,
+            load_prompts,
+            args.output_len,
+            concurrency,
+            args.output_len_spread,
+        )
     )
     await asyncio.sleep(args.warmup_seconds)  # all prefilled, decoding
     async with aiohttp.ClientSession() as session:
@@ -141,7 +148,19 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="keep C requests in flight, each new one with a new prompt",
     )
-    return parser.parse_args()
+    parser.add_argument(
+        "--output-len-spread",
+        type=spread_fraction,
+        default=0.0,
+        metavar="S",
+        help="--closed-loop: draw each request's output length uniformly from "
+        "--output-len x [1 - S, 1 + S] (0 <= S < 1), so that requests do not finish "
+        "in waves",
+    )
+    args = parser.parse_args()
+    if args.output_len_spread and not args.closed_loop:
+        parser.error("--output-len-spread: only with --closed-loop")
+    return args
 
 
 def main() -> None:

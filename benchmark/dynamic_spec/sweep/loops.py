@@ -18,15 +18,19 @@ async def closed_loop(
     prompts: Iterable[List[int]],
     output_len: int,
     concurrency: int,
+    length_spread: float = 0.0,
 ) -> List[RequestResult]:
-    """concurrency workers issue the prompts back to back until they run out."""
+    """concurrency workers issue the prompts back to back until they run out, each
+    request for output_len tokens (output_lengths with length_spread)."""
     queue = iter(prompts)
+    lengths = output_lengths(output_len, length_spread)
     results: List[RequestResult] = []
     async with client_session() as session:
 
         async def worker() -> None:
             for prompt in queue:
-                results.append(await one_request(session, url, prompt, output_len))
+                length = next(lengths)
+                results.append(await one_request(session, url, prompt, length))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return results

@@ -30,6 +30,7 @@ from sglang.test.spec_engine_utils import (
     EAGLE3_TREE,
     cli_args,
     load_benchmark_package,
+    load_benchmark_script,
     synthetic_pair,
 )
 from sglang.test.synthetic_spec_models import parse_draft_accept
@@ -240,6 +241,38 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(len(results), 5)
         self.assertEqual(sorted(p for p, _ in issued), list(range(5)))
         self.assertEqual(max(n for _, n in issued), 2)
+        self.assertEqual({r.output_tokens for r in results}, {8})
+
+    def test_a_closed_loop_spreads_its_output_lengths_when_asked(self):
+        async def one_request(session, url, prompt, output_len):
+            return self.result(0.0, 0.0, output_len)
+
+        with mock.patch.object(sweep.loops, "one_request", one_request):
+            results = asyncio.run(
+                sweep.loops.closed_loop("u", [[i] for i in range(200)], 100, 4, 0.5)
+            )
+        lengths = [r.output_tokens for r in results]
+        self.assertTrue(all(50 <= n <= 150 for n in lengths), lengths)
+        self.assertGreater(len(set(lengths)), 50)
+
+    def test_profile_decode_spreads_the_lengths_of_a_closed_loop_only(self):
+        profile_decode = load_benchmark_script("profile_decode")
+
+        def parse(*flags: str) -> argparse.Namespace:
+            with mock.patch.object(sys, "argv", ["profile_decode.py", *flags]):
+                return profile_decode.parse_args()
+
+        spread = parse("--closed-loop", "--output-len-spread", "0.5")
+        self.assertEqual(spread.output_len_spread, 0.5)
+        self.assertEqual(parse("--closed-loop").output_len_spread, 0.0)
+        for flags in (
+            ["--output-len-spread", "0.5"],
+            ["--closed-loop", "--output-len-spread", "1"],
+        ):
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(
+                io.StringIO()
+            ):
+                parse(*flags)
 
     def against_server(self, generate, load, routes=None):
         """Runs load(url) against a local server whose /generate is generate (or
