@@ -3,7 +3,8 @@
 Reports the GPU busy share over the profiled window, the time per step, GPU time per CUDA
 graph (grouped by graph size, so the target's and the draft's graphs show apart), kernels
 launched outside graphs and the CPU's blocking waits on the GPU (each with the sglang
-function that issued it), and the longest GPU idle gaps with what the CPU was doing
+function that issued it), the GPU's idle time by the sglang function that the launching
+thread ran meanwhile, and the longest GPU idle gaps with what the CPU was doing
 meanwhile.
 
 Usage:
@@ -146,15 +147,42 @@ def innermost_frames(
 
 
 def sites_of(
-    events: List[Dict[str, Any]], issued: List[Tuple[Dict[str, Any], float]], top: int
+    events: List[Dict[str, Any]],
+    issued: List[Tuple[Dict[str, Any], float]],
+    top: int,
+    by_cost: bool = False,
 ) -> List[Dict[str, Any]]:
-    """issued: (CPU runtime event, its cost); count and cost per issuing frame."""
+    """issued: (CPU event, its cost); count and cost per issuing frame, the most
+    frequent (by_cost: the costliest) first."""
     sites = innermost_frames(events, [(e.get("tid"), e["ts"]) for e, _ in issued])
     per_site: Dict[str, List[float]] = collections.defaultdict(list)
     for site, (_, cost) in zip(sites, issued):
         per_site[site].append(cost)
-    ranked = sorted(per_site.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:top]
+
+    def rank(kv: Tuple[str, List[float]]) -> Tuple[float, str]:
+        return (-sum(kv[1]) if by_cost else -len(kv[1]), kv[0])
+
+    ranked = sorted(per_site.items(), key=rank)[:top]
     return [{"site": s, "count": len(c), "ms": sum(c) / 1000} for s, c in ranked]
+
+
+def gpu_idle_sites(
+    events: List[Dict[str, Any]],
+    runtime: List[Dict[str, Any]],
+    busy: List[Interval],
+    top: int,
+) -> List[Dict[str, Any]]:
+    """All GPU idle time, per innermost sglang frame that the launching thread (the
+    one issuing most CUDA runtime calls) ran at each gap's midpoint: where the host,
+    not the GPU, set the pace."""
+    if not runtime:
+        return []
+    launcher = collections.Counter(e.get("tid") for e in runtime).most_common(1)[0][0]
+    gaps = [
+        ({"tid": launcher, "ts": (start + end) / 2}, end - start)
+        for start, end in idle_gaps(busy)
+    ]
+    return sites_of(events, gaps, top, by_cost=True)
 
 
 def summarize_trace(
@@ -210,6 +238,7 @@ def summarize_trace(
             for name, d in sorted(waits.items(), key=lambda kv: -sum(kv[1]))
         ],
         "cpu_wait_sites": sites_of(events, [(e, e["dur"]) for e in syncs], top),
+        "gpu_idle_sites": gpu_idle_sites(events, runtime, busy, top),
         "longest_gpu_gaps": [
             {
                 "ms": (end - start) / 1000,
@@ -221,8 +250,8 @@ def summarize_trace(
     }
 
 
-def format_sites(sites: List[Dict[str, Any]], unit: str) -> List[str]:
-    return [f"  issued by (count, {unit}):"] + [
+def format_sites(sites: List[Dict[str, Any]], header: str) -> List[str]:
+    return [header] + [
         f"    {s['count']:5d} {s['ms']:8.2f}  {s['site']}" for s in sites
     ]
 
@@ -240,7 +269,7 @@ def format_summary(summary: Dict[str, Any]) -> str:
     ]
     eager = summary["eager_kernels"]
     lines.append(f"kernels outside graphs: {eager['count']}, {eager['gpu_ms']:.2f} ms")
-    lines += format_sites(summary["eager_kernel_sites"], "GPU ms")
+    lines += format_sites(summary["eager_kernel_sites"], "  issued by (count, GPU ms):")
     lines.append("top kernels (count, GPU ms):")
     lines += [
         f"  {k['count']:5d} {k['gpu_ms']:8.2f}  {k['name']}"
@@ -250,7 +279,11 @@ def format_summary(summary: Dict[str, Any]) -> str:
     lines += [
         f"  {w['count']:5d} {w['ms']:8.2f}  {w['name']}" for w in summary["cpu_waits"]
     ]
-    lines += format_sites(summary["cpu_wait_sites"], "ms")
+    lines += format_sites(summary["cpu_wait_sites"], "  issued by (count, ms):")
+    lines += format_sites(
+        summary["gpu_idle_sites"],
+        "GPU idle, by what the launching thread ran (gaps, ms):",
+    )
     lines.append("longest GPU idle gaps (ms at ms: CPU meanwhile):")
     lines += [
         f"  {g['ms']:.3f} at {g['at_ms']:.1f}: {' < '.join(g['cpu'])}"

@@ -95,6 +95,15 @@ class TestTraceSummary(CustomTestCase):
             summary["cpu_wait_sites"], [{"site": PREPARE, "count": 1, "ms": 0.018}]
         )
 
+    def test_idle_time_is_filed_under_what_the_launching_thread_ran(self):
+        summary = self.ts.summarize_trace(TRACE[:-1], steps=2)
+        self.assertEqual(len(summary["gpu_idle_sites"]), 1)
+        (site,) = summary["gpu_idle_sites"]
+        self.assertEqual((site["site"], site["count"]), (PREPARE, 1))
+        self.assertAlmostEqual(
+            site["ms"], summary["window_ms"] - summary["gpu_busy_ms"]
+        )
+
     def test_longest_gap_names_what_the_cpu_did(self):
         summary = self.ts.summarize_trace(TRACE[:-1], steps=2)
         gap = summary["longest_gpu_gaps"][0]
@@ -112,6 +121,11 @@ class TestTraceSummary(CustomTestCase):
         text = self.ts.format_summary(self.ts.summarize_trace(events, steps=2))
         self.assertIn("GPU busy 0.17 ms (89.7%)", text)
         self.assertIn(f"        1     0.01  {CATCH_UP}", text)
+        self.assertIn(
+            f"GPU idle, by what the launching thread ran (gaps, ms):\n"
+            f"        1     0.02  {PREPARE}",
+            text,
+        )
 
     def test_a_trace_still_being_written_is_read_once_complete(self):
         with tempfile.TemporaryDirectory() as tmp:
