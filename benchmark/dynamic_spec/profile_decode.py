@@ -35,7 +35,7 @@ from sweep.cli import (
 )
 from sweep.client import PromptSource
 from sweep.configs import Config
-from sweep.loops import closed_loop
+from sweep.loops import closed_loop, run_load
 from sweep.results import results_dir
 from sweep.server import serving
 from trace_summary import format_summary, load_written_events, summarize_trace
@@ -107,7 +107,7 @@ def profile_config(args, config: Config, target, draft, out_dir: str) -> List[di
     with serving(args, config, target, draft, prompts, args.concurrency) as launched:
         profiles = []
         for concurrency in args.concurrency:
-            trace = asyncio.run(profile_at(args, config, prompts, concurrency, out_dir))
+            trace = run_load(profile_at(args, config, prompts, concurrency, out_dir))
             profiles.append(
                 {
                     "config": config.name,

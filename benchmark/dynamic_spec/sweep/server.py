@@ -4,7 +4,6 @@ up, and what it reports (its state, the decode throughput it logged)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -23,7 +22,7 @@ import requests
 from sglang.test.spec_engine_utils import cli_args, eagle3_args, running_server
 from sweep.client import PromptSource
 from sweep.configs import Config, pristine_upstream
-from sweep.loops import closed_loop
+from sweep.loops import closed_loop, run_load
 
 # Warm-up requests are short, whatever output length is measured.
 WARMUP_OUTPUT_LEN = 32
@@ -140,7 +139,7 @@ def warm_up(url: str, prompts: PromptSource, concurrencies: Iterable[int]) -> No
     triton kernels are specialized on the next power of two of the batch and compile
     on their first launch with a new one."""
     for concurrency in sorted(set(concurrencies)):
-        asyncio.run(
+        run_load(
             closed_loop(url, prompts.take(concurrency), WARMUP_OUTPUT_LEN, concurrency)
         )
 

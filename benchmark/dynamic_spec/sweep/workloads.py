@@ -4,7 +4,6 @@ concurrency), the decode rate of a steady batch, the ramp and the content shift.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import time
@@ -13,7 +12,13 @@ from typing import List, Tuple
 from sglang.test.synthetic_spec_models import load_spec
 from sweep.client import ContentShiftPrompts, PromptSource, RequestResult
 from sweep.configs import Config
-from sweep.loops import closed_loop, decode_rate_loop, ramp_loop, steady_loop
+from sweep.loops import (
+    closed_loop,
+    decode_rate_loop,
+    ramp_loop,
+    run_load,
+    steady_loop,
+)
 from sweep.server import process_cpu_seconds, server_state, spec_step_share
 from sweep.stats import Run, median_with_spread, summarize
 from tqdm import tqdm
@@ -71,7 +76,7 @@ def measure_run(
     args: argparse.Namespace, prompts: PromptSource, num: int, concurrency: int
 ) -> Run:
     if args.steady:
-        return asyncio.run(
+        return run_load(
             steady_loop(
                 args.url,
                 prompts,
@@ -102,7 +107,7 @@ def closed_loops_for(
     while True:
         loop_prompts = prompts.take(num_requests)
         start, cpu_start = time.perf_counter(), time.process_time()
-        results += asyncio.run(closed_loop(url, loop_prompts, output_len, concurrency))
+        results += run_load(closed_loop(url, loop_prompts, output_len, concurrency))
         wall += time.perf_counter() - start
         cpu += time.process_time() - cpu_start
         if wall >= min_seconds:
@@ -134,7 +139,7 @@ def measure_decode_rate(
     times (median and spread), each time new prompts."""
     before = server_state(args.url)
     runs = [
-        asyncio.run(
+        run_load(
             decode_rate_loop(args.url, prompts.take(batch), args.decode_output_len)
         )
         for _ in range(args.repeats)
@@ -211,7 +216,7 @@ def ramp_rates(
 ) -> Tuple[float, List[float]]:
     """One ramp: total and per-phase output tok/s (each request counted in the phase it
     finished in; the last phase includes the final drain)."""
-    results, bounds = asyncio.run(
+    results, bounds = run_load(
         ramp_loop(
             args.url,
             prompts,

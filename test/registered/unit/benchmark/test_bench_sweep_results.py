@@ -5,6 +5,7 @@ for machines, markdown and PNG for people). No server, no GPU."""
 import argparse
 import asyncio
 import contextlib
+import gc
 import io
 import itertools
 import json
@@ -242,6 +243,26 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(sorted(p for p, _ in issued), list(range(5)))
         self.assertEqual(max(n for _, n in issued), 2)
         self.assertEqual({r.output_tokens for r in results}, {8})
+
+    def test_a_load_runs_with_the_garbage_collector_paused(self):
+        async def load(fail: bool) -> bool:
+            await asyncio.sleep(0)
+            if fail:
+                raise RuntimeError("load failed")
+            return gc.isenabled()
+
+        self.assertTrue(gc.isenabled())
+        self.assertFalse(sweep.loops.run_load(load(False)))
+        self.assertTrue(gc.isenabled())
+        with self.assertRaisesRegex(RuntimeError, "load failed"):
+            sweep.loops.run_load(load(True))
+        self.assertTrue(gc.isenabled())
+        gc.disable()
+        try:
+            sweep.loops.run_load(load(False))
+            self.assertFalse(gc.isenabled(), "a caller's paused collector stays so")
+        finally:
+            gc.enable()
 
     def test_a_closed_loop_spreads_its_output_lengths_when_asked(self):
         async def one_request(session, url, prompt, output_len):
