@@ -18,11 +18,10 @@ T = TypeVar("T")
 
 def run_load(load: Awaitable[T]) -> T:
     """asyncio.run(load) with Python's cyclic garbage collector paused. A loop keeps
-    a tuple per streamed chunk, and at C=256 the collector's full passes over them
-    stalled the client's event loop for 0.3 s (against a stand-in server streaming a
-    token every 40 ms to each of 256 requests: 13 ms without it), holding back the
-    requests that replace finished ones. The loops make no garbage cycles that must
-    be freed before they end."""
+    objects for every streamed chunk, and at a few hundred requests the collector's
+    full passes over them stall the client's event loop for longer than a decode
+    step, holding back the requests that replace finished ones. The loops make no
+    garbage cycles that must be freed before they end."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
