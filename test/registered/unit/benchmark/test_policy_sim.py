@@ -34,8 +34,10 @@ REAL_TRACE = os.path.join(TRACES, "auto-llama8b-mixed-closed-loop.jsonl.gz")
 CONTENT_SHIFT_TRACE = os.path.join(TRACES, "auto-llama8b-content-shift-steady.jsonl.gz")
 # Concurrency sweeps (1 to 256) on the easy prompts alone, whose running batch dips at
 # each turnover of requests, from three versions of auto on the llama8b preset
-# (benchmark/dynamic_spec/results/2026-12-03-auto{,2,3}-llama8b-p0.95/NOTES.md) and one
-# on the dense32b-32l preset (results/2026-12-04-dense32b-32l-p0.95/NOTES.md).
+# (benchmark/dynamic_spec/results/2026-12-03-auto{,2,3}-llama8b-p0.95/NOTES.md), one
+# on the dense32b-32l preset (results/2026-12-04-dense32b-32l-p0.95/NOTES.md) and one
+# of steady loops whose output lengths spread, prefill taking half the time at C=64
+# (results/2026-12-04-spread-llama8b-p0.95/NOTES.md).
 SWEEP_TRACES = [
     str(REPO_ROOT / f"benchmark/dynamic_spec/results/{run}/auto-topk1-steps.jsonl.gz")
     for run in (
@@ -43,6 +45,7 @@ SWEEP_TRACES = [
         "2026-12-03-auto2-llama8b-p0.95",
         "2026-12-03-auto3-llama8b-p0.95",
         "2026-12-04-dense32b-32l-p0.95",
+        "2026-12-04-spread-llama8b-p0.95",
     )
 ]
 
