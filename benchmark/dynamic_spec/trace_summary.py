@@ -169,7 +169,7 @@ def sites_of(
 def gpu_idle_sites(
     events: List[Dict[str, Any]],
     runtime: List[Dict[str, Any]],
-    busy: List[Interval],
+    gaps: List[Interval],
     top: int,
 ) -> List[Dict[str, Any]]:
     """All GPU idle time, per innermost sglang frame that the launching thread (the
@@ -178,11 +178,10 @@ def gpu_idle_sites(
     if not runtime:
         return []
     launcher = collections.Counter(e.get("tid") for e in runtime).most_common(1)[0][0]
-    gaps = [
-        ({"tid": launcher, "ts": (start + end) / 2}, end - start)
-        for start, end in idle_gaps(busy)
+    midpoints = [
+        ({"tid": launcher, "ts": (start + end) / 2}, end - start) for start, end in gaps
     ]
-    return sites_of(events, gaps, top, by_cost=True)
+    return sites_of(events, midpoints, top, by_cost=True)
 
 
 def summarize_trace(
@@ -194,6 +193,7 @@ def summarize_trace(
     busy = merge_intervals((e["ts"], e["ts"] + e["dur"]) for e in gpu)
     window_us = busy[-1][1] - busy[0][0]
     busy_us = sum(end - start for start, end in busy)
+    gaps = idle_gaps(busy)
 
     kernel_time: Dict[str, List[float]] = collections.defaultdict(list)
     for e in gpu:
@@ -238,14 +238,14 @@ def summarize_trace(
             for name, d in sorted(waits.items(), key=lambda kv: -sum(kv[1]))
         ],
         "cpu_wait_sites": sites_of(events, [(e, e["dur"]) for e in syncs], top),
-        "gpu_idle_sites": gpu_idle_sites(events, runtime, busy, top),
+        "gpu_idle_sites": gpu_idle_sites(events, runtime, gaps, top),
         "longest_gpu_gaps": [
             {
                 "ms": (end - start) / 1000,
                 "at_ms": (start - busy[0][0]) / 1000,
                 "cpu": cpu_context(events, (start + end) / 2),
             }
-            for start, end in idle_gaps(busy)[:top]
+            for start, end in gaps[:top]
         ],
     }
 
