@@ -52,6 +52,7 @@ from typing import (
     TypeVar,
 )
 
+import numpy as np
 import torch
 
 from sglang.srt.configs.hybrid_arch import mambaish_config
@@ -61,7 +62,7 @@ from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
     speculative_moe_backend_context,
 )
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.model_executor.runner.base_cuda_graph_runner import freeze_gc
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
     DecodeCudaGraphRunner,
@@ -204,6 +205,22 @@ def plain_steps_write_kv_only(draft_model: torch.nn.Module) -> bool:
         return False
     can_write = getattr(draft_model, "can_write_kv_cache_only", None)
     return can_write is not None and can_write()
+
+
+def prefill_positions_and_last_rows(
+    prefix_lens: Sequence[int], extend_lens: Sequence[int], device: torch.device
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Each prefilled token's position (int64) and the row of each request's last
+    prefilled token, built on the host from the prefill's lengths and moved in one
+    copy: the KV-only draft prefill needs no second ForwardBatch for them."""
+    extend_lens = np.asarray(extend_lens, dtype=np.int64)
+    ends = np.cumsum(extend_lens)
+    num_tokens = int(ends[-1])
+    offsets = np.asarray(prefix_lens, dtype=np.int64) - (ends - extend_lens)
+    positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(offsets, extend_lens)
+    both = torch.from_numpy(np.concatenate((positions, ends - 1)))
+    both = both.to(device, non_blocking=True)
+    return both[:num_tokens], both[num_tokens:]
 
 
 class DraftKVWriteGraphs:
@@ -399,30 +416,21 @@ class DraftCatchUp:
         last position left pending (as a plain step leaves it) for ``resume``.
 
         target_hidden_states: [tokens, target hidden size x aux layers]."""
-        batch.spec_info = EagleDraftExtendInput(
-            hidden_states=target_hidden_states,
-            num_tokens_per_req=1,
-            num_tokens_for_logprob_per_req=1,
-        )
-        forward_batch = ForwardBatch.init_new(
-            batch, self.draft_runner, return_hidden_states_before_norm=False
+        positions, last_rows = prefill_positions_and_last_rows(
+            batch.prefix_lens, batch.extend_lens, batch.input_ids.device
         )
         # Eagerly: the KV-write graphs' outputs share one memory pool, and the
         # running batch's pending draft input may still be a plain step's output.
         hidden_states = self.write_kv(
-            forward_batch.input_ids,
-            forward_batch.positions.to(torch.int64),
-            target_hidden_states,
-            forward_batch.out_cache_loc,
+            batch.input_ids, positions, target_hidden_states, batch.out_cache_loc
         )
-        last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
         bs = len(batch.seq_lens)
         self.resume_pending = True
         self.num_prefills_kv_only += 1
         return EagleDraftInput(
             topk_p=self.pending_topk_p[:bs],
             topk_index=self.pending_topk_index[:bs],
-            hidden_states=hidden_states[last.long()],
+            hidden_states=hidden_states[last_rows],
             bonus_tokens=next_token_ids,
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,

@@ -28,12 +28,14 @@ from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
     ForwardMode,
+    compute_position_torch,
 )
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.load_aware import (
     LoadAwarePlainStep,
     build_plain_step,
     fresh_attention_backend,
+    prefill_positions_and_last_rows,
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import SpecPolicy
@@ -632,6 +634,23 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         self.assertEqual(len(self.draft_runner.forward_batches), 1)
         self.assertFalse(plain.draft_catch_up.resume_pending)
         self.assertFalse(plain.prefills_kv_only(*self.prefill([3, 2])))
+
+
+class TestPrefillPositionsAndLastRows(CustomTestCase):
+    def test_as_upstreams_extend_positions(self):
+        # Prefixes from a radix cache hit and an earlier chunk, and a one-token extend.
+        prefix_lens, extend_lens = [0, 7, 3, 0], [3, 2, 5, 1]
+        positions, last_rows = prefill_positions_and_last_rows(
+            prefix_lens, extend_lens, torch.device("cpu")
+        )
+        expected, start_loc = compute_position_torch(
+            torch.tensor(prefix_lens), torch.tensor(extend_lens)
+        )
+        self.assertEqual(positions.dtype, torch.int64)
+        self.assertEqual(positions.tolist(), expected.tolist())
+        self.assertEqual(
+            last_rows.tolist(), (start_loc + torch.tensor(extend_lens) - 1).tolist()
+        )
 
 
 @unittest.skipIf(IN_TRITON_INTERPRETER, "this process already is the second one")
