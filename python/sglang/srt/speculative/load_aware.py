@@ -69,6 +69,7 @@ from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
 )
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
+from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import unverified_decode_backend_reason
@@ -410,19 +411,22 @@ class DraftCatchUp:
         target_hidden_states: torch.Tensor,
         next_token_ids: torch.Tensor,
     ) -> EagleDraftInput:
-        """The draft prefill of ``batch`` (its input ids the draft's, as
-        ``eagle_prefill_input_ids`` shifts them) while KV-only plain steps run: the
-        KV of every position, as the draft extend writes it, with each request's
-        last position left pending (as a plain step leaves it) for ``resume``.
+        """The draft prefill of ``batch`` while KV-only plain steps run: the KV of
+        every position, as the draft extend writes it, with each request's last
+        position left pending (as a plain step leaves it) for ``resume``.
 
         target_hidden_states: [tokens, target hidden size x aux layers]."""
         positions, last_rows = prefill_positions_and_last_rows(
             batch.prefix_lens, batch.extend_lens, batch.input_ids.device
         )
+        # The draft's input ids, as the draft extend shifts them: each request's
+        # prompt tokens one ahead, then its tail token.
+        input_ids = batch.input_ids.roll(-1)
+        input_ids[last_rows] = _eagle_prefill_tail_tokens(batch, next_token_ids)
         # Eagerly: the KV-write graphs' outputs share one memory pool, and the
         # running batch's pending draft input may still be a plain step's output.
         hidden_states = self.write_kv(
-            batch.input_ids, positions, target_hidden_states, batch.out_cache_loc
+            input_ids, positions, target_hidden_states, batch.out_cache_loc
         )
         bs = len(batch.seq_lens)
         self.resume_pending = True

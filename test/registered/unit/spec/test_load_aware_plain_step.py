@@ -589,13 +589,12 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         slots = batch.out_cache_loc.tolist()
         self.assertTrue(plain.prefills_kv_only(batch, output))
 
-        # As the worker hands it over: the draft's input ids, the prompts 1 2 3 and
-        # 1 2 shifted by one, then each request's next token.
-        batch.input_ids = torch.tensor([2, 3, 60, 2, 61])
         draft_input = plain.draft_prefill(batch, output)
 
         self.assertEqual(self.draft_runner.forward_batches, [])
         _, call = self.draft_model.calls
+        # The draft's input ids: the prompts 1 2 3 and 1 2 shifted by one, then each
+        # request's next token.
         self.assertEqual(call["input_ids"], [2, 3, 60, 2, 61])
         self.assertEqual(call["positions"], [0, 1, 2, 0, 1])
         self.assertEqual(call["positions_dtype"], torch.int64)
@@ -608,6 +607,14 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         self.assertIs(draft_input.bonus_tokens, output.next_token_ids)
         self.assertTrue(plain.draft_catch_up.resume_pending)
         self.assertEqual(plain.get_state(), {"draft_prefills_kv_only": 1})
+
+    def test_a_chunk_ends_its_draft_input_ids_with_the_next_prompt_token(self):
+        plain, *_ = self.step()
+        batch, output = self.prefill([3, 2])
+        batch.chunked_req, batch.chunked_req_next_prompt_token = batch.reqs[0], 4
+        plain.draft_prefill(batch, output)
+        _, call = self.draft_model.calls
+        self.assertEqual(call["input_ids"], [2, 3, 4, 2, 61])
 
     def test_a_prefill_runs_the_draft_extend_unless_plain_steps_run(self):
         plain = self.plain_step()
