@@ -14,7 +14,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.spec_engine_utils import REPO_ROOT, load_benchmark_script
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=20, suite="base-a-test-cpu")
+register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 
 COSTS = {
     0: {1: 0.010, 8: 0.011, 32: 0.013, 64: 0.016, 128: 0.022, 256: 0.035},
