@@ -14,7 +14,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.spec_engine_utils import REPO_ROOT, load_benchmark_script
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=30, suite="base-a-test-cpu")
+register_cpu_ci(est_time=35, suite="base-a-test-cpu")
 
 COSTS = {
     0: {1: 0.010, 8: 0.011, 32: 0.013, 64: 0.016, 128: 0.022, 256: 0.035},
@@ -35,9 +35,11 @@ CONTENT_SHIFT_TRACE = os.path.join(TRACES, "auto-llama8b-content-shift-steady.js
 # Concurrency sweeps (1 to 256) on the easy prompts alone, whose running batch dips at
 # each turnover of requests, from three versions of auto on the llama8b preset
 # (benchmark/dynamic_spec/results/2026-12-03-auto{,2,3}-llama8b-p0.95/NOTES.md), one
-# on the dense32b-32l preset (results/2026-12-04-dense32b-32l-p0.95/NOTES.md) and one
+# on the dense32b-32l preset (results/2026-12-04-dense32b-32l-p0.95/NOTES.md), one
 # of steady loops whose output lengths spread, prefill taking half the time at C=64
-# (results/2026-12-04-spread-llama8b-p0.95/NOTES.md).
+# (results/2026-12-04-spread-llama8b-p0.95/NOTES.md), and the same loops at C=1-256
+# on FA3, where speculation pays at every C
+# (results/2026-12-04-fa3b-llama8b-p0.95/NOTES.md).
 SWEEP_TRACES = [
     str(REPO_ROOT / f"benchmark/dynamic_spec/results/{run}/auto-topk1-steps.jsonl.gz")
     for run in (
@@ -46,6 +48,7 @@ SWEEP_TRACES = [
         "2026-12-03-auto3-llama8b-p0.95",
         "2026-12-04-dense32b-32l-p0.95",
         "2026-12-04-spread-llama8b-p0.95",
+        "2026-12-04-fa3b-llama8b-p0.95",
     )
 ]
 
