@@ -109,6 +109,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "token of every request; a larger one lightens the server's front end, which "
         "at a few hundred running requests can fall behind the decode steps)",
     )
+    parser.add_argument(
+        "--no-step-trace",
+        dest="step_trace",
+        action="store_false",
+        help="run the auto servers without their step trace "
+        "(SGLANG_LOAD_AWARE_STEP_TRACE, which policy_sim.py replays): it writes three "
+        "lines per decode step on the server's critical path",
+    )
     parser.add_argument("--url", default="http://127.0.0.1:31000")
     parser.add_argument(
         "--out-dir",

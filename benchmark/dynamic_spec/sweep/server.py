@@ -172,9 +172,9 @@ def serving(
 ) -> Iterator[Launched]:
     """A fresh server of a config (the previous one gone, the GPU idle), warmed up at
     warmup_concurrencies. log_path: the server's output (default: ours); an auto
-    config's step trace goes beside it."""
+    config's step trace goes beside it (unless --no-step-trace)."""
     env = server_env(args, config)
-    if config.auto and log_path is not None:
+    if config.auto and log_path is not None and args.step_trace:
         env["SGLANG_LOAD_AWARE_STEP_TRACE"] = step_trace_path(log_path)
         if os.path.exists(env["SGLANG_LOAD_AWARE_STEP_TRACE"]):
             os.remove(env["SGLANG_LOAD_AWARE_STEP_TRACE"])  # the server appends

@@ -1098,6 +1098,7 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[1, 8],
             mem_fraction_static=0.8,
             stream_interval=1,
+            step_trace=True,
             url="u",
         )
         config = sweep.configs.KNOWN_CONFIGS["upstream-steps0-topk1"]
@@ -1125,7 +1126,9 @@ class TestBenchSweepResults(CustomTestCase):
             sweep.tables.results_markdown([record], "t"),
         )
 
-    def test_an_auto_server_writes_its_step_trace_beside_its_log(self):
+    def test_an_auto_server_writes_its_step_trace_beside_its_log_unless_told_not_to(
+        self,
+    ):
         launched = []
 
         @contextlib.contextmanager
@@ -1139,6 +1142,7 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[1],
             mem_fraction_static=0.8,
             stream_interval=1,
+            step_trace=True,
             url="u",
         )
         with tempfile.TemporaryDirectory() as logs, mock.patch.multiple(
@@ -1156,8 +1160,14 @@ class TestBenchSweepResults(CustomTestCase):
                 with sweep.server.serving(args, config, "/t", "/d", None, [1], log):
                     pass
             self.assertFalse(os.path.exists(trace))
+            args.step_trace = False  # --no-step-trace
+            config = sweep.configs.KNOWN_CONFIGS["auto-topk1"]
+            log = os.path.join(logs, "auto-topk1.log")
+            with sweep.server.serving(args, config, "/t", "/d", None, [1], log):
+                pass
         self.assertEqual(launched[0]["SGLANG_LOAD_AWARE_STEP_TRACE"], trace)
         self.assertNotIn("SGLANG_LOAD_AWARE_STEP_TRACE", launched[1])
+        self.assertNotIn("SGLANG_LOAD_AWARE_STEP_TRACE", launched[2])
 
     def test_records_of_configs_that_no_longer_exist_still_render(self):
         with tempfile.TemporaryDirectory() as out_dir:
