@@ -1126,9 +1126,7 @@ class TestBenchSweepResults(CustomTestCase):
             sweep.tables.results_markdown([record], "t"),
         )
 
-    def test_an_auto_server_writes_its_step_trace_beside_its_log_unless_told_not_to(
-        self,
-    ):
+    def test_auto_servers_trace_their_steps_beside_their_log_unless_told_not_to(self):
         launched = []
 
         @contextlib.contextmanager
