@@ -32,6 +32,8 @@ TRACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces")
 REAL_TRACE = os.path.join(TRACES, "auto-llama8b-mixed-closed-loop.jsonl.gz")
 # 16 clients under steady load on the mix, then twice easy prompts followed by hard ones.
 CONTENT_SHIFT_TRACE = os.path.join(TRACES, "auto-llama8b-content-shift-steady.jsonl.gz")
+
+
 # Concurrency sweeps (1 to 256) on the easy prompts alone, whose running batch dips at
 # each turnover of requests, from three versions of auto on the llama8b preset
 # (benchmark/dynamic_spec/results/2026-12-03-auto{,2,3}-llama8b-p0.95/NOTES.md), one
@@ -40,8 +42,15 @@ CONTENT_SHIFT_TRACE = os.path.join(TRACES, "auto-llama8b-content-shift-steady.js
 # (results/2026-12-04-spread-llama8b-p0.95/NOTES.md), and the same loops at C=1-256
 # on FA3, where speculation pays at every C
 # (results/2026-12-04-fa3b-llama8b-p0.95/NOTES.md).
+def run_trace(run: str) -> str:
+    """The auto server's step trace of a results directory."""
+    return str(
+        REPO_ROOT / "benchmark/dynamic_spec/results" / run / "auto-topk1-steps.jsonl.gz"
+    )
+
+
 SWEEP_TRACES = [
-    str(REPO_ROOT / f"benchmark/dynamic_spec/results/{run}/auto-topk1-steps.jsonl.gz")
+    run_trace(run)
     for run in (
         "2026-12-03-auto-llama8b-p0.95",
         "2026-12-03-auto2-llama8b-p0.95",
@@ -57,11 +66,7 @@ SWEEP_TRACES = [
 # (results/2026-12-04-{ab,fa3}-llama8b-p0.95/NOTES.md). On triton a speculative step at
 # batch 64 takes ~5 plain ones, on FA3 under 2.
 BACKEND_TRACES = {
-    backend: str(
-        REPO_ROOT
-        / f"benchmark/dynamic_spec/results/2026-12-04-{run}-llama8b-p0.95"
-        / "auto-topk1-steps.jsonl.gz"
-    )
+    backend: run_trace(f"2026-12-04-{run}-llama8b-p0.95")
     for backend, run in (("triton", "ab"), ("fa3", "fa3"))
 }
 
