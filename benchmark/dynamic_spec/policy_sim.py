@@ -7,12 +7,13 @@ from a trace of a real run (``--trace``: the JSON lines an ``auto`` server write
 "num_steps", "seconds"}``, its verifies ``{"num_steps", "num_tokens", "num_requests"}``
 and its decisions ``{"decision", "reason", "batch_size", "t"}``), whose steps give the
 cost table (median per mode and batch bucket), whose verifies the acceptance timeline
-and whose decisions what switching cost (printed), or from a cost table and an
-acceptance schedule given directly (``--costs``, ``--accept``). The workload is a
-sequence of phases of a running batch size held for a time, as a closed loop at a
-concurrency holds it (``--phases 1x2,32x4,...``: batch 1 for 2 s, then 32 for 4 s; or
-the trace's own timeline): every policy runs each phase for the same time, so the
-tokens/s compare like the phases of a benchmark's ramp.
+and whose decisions what a switch costs beyond the steps' usual time (charged to every
+policy's switches) and the wall time (printed), or from a cost table and an acceptance
+schedule given directly (``--costs``, ``--accept``). The workload is a sequence of
+phases of a running batch size held for a time, as a closed loop at a concurrency
+holds it (``--phases 1x2,32x4,...``: batch 1 for 2 s, then 32 for 4 s; or the trace's
+own timeline): every policy runs each phase for the same time, so the tokens/s compare
+like the phases of a benchmark's ramp.
 
 Policies: ``nospec``, ``always`` (the largest step count), ``threshold:N`` (the fixed
 thresholds, spec_policy.SpecPolicy) and ``auto`` (the server's
@@ -56,11 +57,14 @@ class Environment:
     acceptance: (from second, p) pairs in time order, the first from 0.
     prefill_rate: per power-of-two batch bucket, the share of decode steps a prefill
     runs before (none where absent).
+    switch_seconds: what a switch between plain and speculative steps costs beyond
+    the steps' own costs.
     """
 
     costs: Dict[int, Dict[int, float]]
     acceptance: List[Tuple[float, float]]
     prefill_rate: Dict[int, float] = field(default_factory=dict)
+    switch_seconds: float = 0.0
 
     @property
     def speculative_steps(self) -> List[int]:
@@ -110,35 +114,47 @@ def step_records(records: Sequence[dict]) -> List[dict]:
     return [r for r in records if "seconds" in r]
 
 
-def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
-    """From the trace's decisions: the wall seconds from each decode step's decision
-    to the next one's (prefills in between included), median by mode for the
-    first step after a switch and for the others; the share of the wall time that
-    the steps right after a switch took beyond their mode's usual step; and the
-    gaps between two steps of one mode longer than twice its usual step (a
-    prefill ran between them, or the server idled): how many, their median excess
-    and its share. A mode's usual step is the median of its steps not after a
-    switch at the same batch bucket (a power of two): steps of different sizes
-    are not compared."""
+def _decision_gaps(
+    records: Sequence[dict], with_prefills: bool = True
+) -> Tuple[Dict[Tuple[str, int, bool], List[float]], Dict[Tuple[str, int], float]]:
+    """The wall seconds from each decode step's decision to the next one's, by
+    (mode, batch bucket, right after a switch), and each (mode, bucket)'s usual
+    step: the median of its steps not after a switch (steps of different sizes are
+    not compared). Without prefills: leaving out the steps after which the running
+    batch grew (a prefill ran before the next one)."""
     decisions = [r for r in records if "decision" in r]
     steps: Dict[Tuple[str, int, bool], List[float]] = {}
     previous = None
     for this, following in zip(decisions, decisions[1:]):
         mode = "plain" if this["decision"] == PLAIN else "spec"
         switched = previous is not None and mode != previous
+        previous = mode
+        if not with_prefills and following["batch_size"] > this["batch_size"]:
+            continue
         bucket = power_of_two_buckets(this["batch_size"])[-1]
         steps.setdefault((mode, bucket, switched), []).append(
             following["t"] - this["t"]
         )
-        previous = mode
-    if not steps:
-        return {}
-    wall = decisions[-1]["t"] - decisions[0]["t"]
     usual = {
         (mode, bucket): statistics.median(gaps)
         for (mode, bucket, switched), gaps in steps.items()
         if not switched
     }
+    return steps, usual
+
+
+def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
+    """From the trace's decisions (``_decision_gaps``): the wall seconds of a decode
+    step, median by mode for the first step after a switch and for the others; the
+    share of the wall time that the steps right after a switch took beyond their
+    mode's usual step; and the gaps between two steps of one mode longer than twice
+    its usual step (a prefill ran between them, or the server idled): how many,
+    their median excess and its share."""
+    steps, usual = _decision_gaps(records)
+    if not steps:
+        return {}
+    decisions = [r for r in records if "decision" in r]
+    wall = decisions[-1]["t"] - decisions[0]["t"]
     excess = sum(
         sum(after) - len(after) * usual.get((mode, bucket), statistics.median(after))
         for (mode, bucket, switched), after in steps.items()
@@ -170,6 +186,48 @@ def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
         ),
         "long_gap_excess_share": sum(gap_excess) / wall if wall > 0 else 0.0,
     }
+
+
+# A round trip: a switch and the switch back within this many decisions (a probe, a
+# calibration, a dwell), timed until this many decisions after the return.
+MAX_ROUND_TRIP = 16
+ROUND_TRIP_TAIL = 2
+
+
+def switch_seconds(records: Sequence[dict]) -> float:
+    """What one switch between plain and speculative steps costs beyond the usual
+    steps of the modes decided, from the trace's round trips at one batch size (no
+    prefill or finish in them): half the median round trip's excess, none below 0.
+
+    Under the overlap scheduler the gap from a decision to the next is the time of an
+    earlier step, so a single switch's excess cannot be told from the other mode's
+    step time; over a round trip both modes' steps are counted as often as decided."""
+    decisions = [r for r in records if "decision" in r]
+    _, usual = _decision_gaps(records, with_prefills=False)
+    speculative = [r["decision"] != PLAIN for r in decisions]
+    excess = []
+    for k in range(1, len(decisions)):
+        if speculative[k] == speculative[k - 1]:
+            continue
+        back = next(
+            (
+                j
+                for j in range(k + 1, min(k + MAX_ROUND_TRIP, len(decisions)))
+                if speculative[j] != speculative[k]
+            ),
+            None,
+        )
+        if back is None or back + ROUND_TRIP_TAIL >= len(decisions):
+            continue
+        end = back + ROUND_TRIP_TAIL
+        if len({r["batch_size"] for r in decisions[k - 1 : end + 1]}) > 1:
+            continue
+        bucket = power_of_two_buckets(decisions[k]["batch_size"])[-1]
+        keys = [("spec" if speculative[i] else "plain", bucket) for i in range(k, end)]
+        if all(key in usual for key in keys):
+            wall = decisions[end]["t"] - decisions[k]["t"]
+            excess.append(wall - sum(usual[key] for key in keys))
+    return max(0.0, statistics.median(excess)) / 2 if excess else 0.0
 
 
 def phases_of_trace(records: Sequence[dict]) -> Phases:
@@ -231,7 +289,9 @@ def environment_from_trace(
     missing = [(m, b) for m in modes for b in batch_sizes if b not in costs[m]]
     if missing:
         raise ValueError(f"the trace has no step of (mode, batch bucket) {missing[:5]}")
-    return Environment(costs, acceptance, prefill_rates(records))
+    return Environment(
+        costs, acceptance, prefill_rates(records), switch_seconds(records)
+    )
 
 
 def prefill_rates(records: Sequence[dict]) -> Dict[int, float]:
@@ -373,16 +433,21 @@ def make_policy(spec: str, env: Environment) -> SimPolicy:
 
 def simulate(policy: SimPolicy, env: Environment, phases: Phases) -> Dict[str, float]:
     """Run each phase for its time; every step costs and yields what the
-    environment says (the acceptance of the environment's step at that time)."""
+    environment says (the acceptance of the environment's step at that time), and a
+    switch between plain and speculative steps its cost on top."""
     tokens = seconds = 0.0
     spec_steps = num_steps = 0
     step_costs = StepCosts({m: dict(by_bs) for m, by_bs in env.costs.items()})
     phase_end = 0.0
+    speculated = None
     for bs, duration in phases:
         phase_end += duration
         while seconds < phase_end:
             mode = policy.decide(bs)
             step_seconds = step_costs.estimate(mode, bs)
+            if speculated is not None and (mode != PLAIN) != speculated:
+                step_seconds += env.switch_seconds
+            speculated = mode != PLAIN
             step_tokens = bs * env.accept_length(mode, seconds)
             policy.observe(mode, bs, step_tokens, step_seconds)
             tokens += step_tokens

@@ -143,6 +143,33 @@ class TestEnvironment(CustomTestCase):
         self.assertAlmostEqual(wall["switch_excess_share"], 0.03 / wall["wall_seconds"])
         self.assertEqual(wall["long_gaps"], 0)
         self.assertEqual(sim.step_wall_times(trace[:1]), {})
+        # Round trips of 10 steps: 20 ms each, 10 ms a switch.
+        self.assertAlmostEqual(sim.switch_seconds(trace), 0.010)
+
+    def test_a_switch_costs_what_its_round_trip_takes_beyond_the_usual_steps(self):
+        # Under the overlap scheduler the gap after a decision is the previous
+        # step's time: plain 5 ms, speculative 12 ms. Probes of 4 plain steps from
+        # speculative ones cost 3 ms in all; three of the five have a prefill of 30 ms
+        # in them (the batch grows), which is not the switches' cost.
+        modes, grows = [], []
+        for probe in range(5):
+            modes += [3] * 20 + [0] * 4
+            grows += [False] * 21 + [probe % 2 == 0] + [False] * 2
+        modes += [3] * 20
+        grows += [False] * 20
+        t, trace, batch_size = 0.0, [], 8
+        for i, mode in enumerate(modes):
+            trace.append(dict(decision(mode, t), batch_size=batch_size))
+            t += 0.005 if i > 0 and modes[i - 1] == 0 else 0.012
+            if i > 0 and mode == 0 and modes[i - 1] != 0:
+                t += 0.003
+            if grows[i]:
+                t += 0.030
+                batch_size += 1
+        self.assertAlmostEqual(sim.switch_seconds(trace), 0.0015)
+        # Read step by step, the first plain step after a switch seems 7 ms slower.
+        median = sim.step_wall_times(trace)["median_ms"]
+        self.assertAlmostEqual(median["plain after a switch"], 15.0)
 
     def test_steps_are_compared_within_their_batch_bucket(self):
         # Switches that cost nothing, at batch 8 (plain 5 ms, spec 12 ms) and 128
@@ -214,6 +241,21 @@ class TestSimulate(CustomTestCase):
         self.assertAlmostEqual(nospec["tokens_per_second"], 64 / 0.016, delta=1)
         self.assertAlmostEqual(always["tokens_per_second"], 64 * e / 0.042, delta=1)
         self.assertEqual((nospec["spec_step_share"], always["spec_step_share"]), (0, 1))
+
+    def test_switches_cost_what_the_environment_says(self):
+        # threshold:64 switches to plain at 256 and back at 1: 0.15 s of plain steps
+        # at 256 (1097 tokens) and of speculative ones at 1 (28) are lost.
+        phases = [(1, 1.0), (256, 1.0), (1, 1.0)]
+        free = sim.Environment(COSTS, sim.parse_acceptance("0.8"))
+        costly = sim.Environment(
+            COSTS, sim.parse_acceptance("0.8"), switch_seconds=0.15
+        )
+        for policy, lost in (("always", 0), ("threshold:64", 1125)):
+            with self.subTest(policy=policy):
+                tokens = run(policy, free, phases)["tokens"]
+                self.assertAlmostEqual(
+                    tokens - run(policy, costly, phases)["tokens"], lost, delta=260
+                )
 
     def test_every_policy_runs_each_phase_for_its_time(self):
         env = sim.Environment(COSTS, sim.parse_acceptance("0.8"))
