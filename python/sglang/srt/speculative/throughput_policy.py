@@ -22,12 +22,13 @@ a dwell so that a batch at the crossover does not flip every step.
   ``probe_interval`` steps in one mode the other runs for ``explore_steps`` (a probe),
   so that neither its time nor, while plain, the acceptance goes stale. Probes cost
   ``explore_steps / probe_interval`` of the steps (1.6% by default), each at the
-  other mode's throughput. While plain at a batch where speculation would not pay
-  even at the best acceptance seen so far, probes are spaced by time instead (the
-  interval counts plain steps' worth of a speculative step's time: at a large batch
-  one can take several) and the interval doubles at each probe, up to
-  ``max_probe_backoff`` times itself (0.8% of the time by default). The dwell holds
-  a new mode only while the batch stays in the bucket it was chosen at.
+  other mode's throughput. Where a probe can refresh only a step time (while
+  speculating, or plain at a batch where speculation would not pay even at the best
+  acceptance seen so far), the interval doubles at each probe, up to
+  ``max_probe_backoff`` times itself (0.8% by default), and is spaced by time (it
+  counts steps' worth of the probed mode's step: at a large batch a speculative step
+  can take several plain ones). The dwell holds a new mode only while the batch
+  stays in the bucket it was chosen at.
 * ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
   launches of the running batch (``DecodeStepTimer``) and folds what the steps
   observed into the policy, summed over TP ranks (``PendingObservations``), so that
@@ -281,14 +282,13 @@ class ThroughputPolicy:
     after ``probe_interval`` steps in one mode, the best other mode runs for
     ``explore_steps`` (``probe``), which keeps its time and, while plain, the
     acceptance current. Probes cost ``explore_steps / probe_interval`` of the steps,
-    run at the other mode's throughput. While plain where no speculative mode would
-    pay even at the best acceptance seen so far (only traffic easier than any before
-    could change the decision), the interval is multiplied by a speculative step's
-    time over a plain one's (probes take that share of the time, not of the steps)
-    and each probe doubles it, up to ``max_probe_backoff`` times ``probe_interval``;
-    any other probe, a change of mode or a new best acceptance resets it. A new mode
-    is held for ``min_dwell_steps`` steps while the batch stays in the bucket it was
-    chosen at.
+    run at the other mode's throughput. Where a probe can refresh only a step time
+    (``_only_a_time_can_go_stale``), the interval is multiplied by the probed mode's
+    step time over the current one's (probes take that share of the time, not of the
+    steps) and each probe doubles it, up to ``max_probe_backoff`` times
+    ``probe_interval``; any other probe, a change of mode or, while plain, a new
+    best acceptance resets it. A new mode is held for ``min_dwell_steps`` steps while
+    the batch stays in the bucket it was chosen at.
     """
 
     def __init__(
@@ -430,21 +430,28 @@ class ThroughputPolicy:
             return None
         others = [m for m in self.modes if m != mode]
         other = max(others, key=lambda m: (rates[m] or 0.0, m))
-        hopeless = mode == PLAIN and not self._speculation_could_pay(
-            batch_size, rates[PLAIN]
-        )
-        if hopeless and self._steps_since_explore + 1 < math.ceil(
-            self._probe_interval_now * self._step_cost_ratio(other, mode, batch_size)
-        ):
-            return None
-        self.num_probes += 1
-        if hopeless:
+        if self._only_a_time_can_go_stale(mode, batch_size, rates[PLAIN]):
+            if self._steps_since_explore + 1 < math.ceil(
+                self._probe_interval_now
+                * self._step_cost_ratio(other, mode, batch_size)
+            ):
+                return None
             self._probe_interval_now = min(
                 2 * self._probe_interval_now, self.max_probe_interval
             )
         else:
             self._probe_interval_now = self.probe_interval
+        self.num_probes += 1
         return self._start_exploring(other, REASON_PROBE, self.explore_steps)
+
+    def _only_a_time_can_go_stale(
+        self, mode: int, batch_size: int, plain_rate: Optional[float]
+    ) -> bool:
+        """Whether a probe from ``mode`` can refresh no estimate but the other modes'
+        step times: while speculating (every step observes the acceptance), or
+        plain where no speculative mode would pay even at the best acceptance seen
+        so far (only traffic easier than any before could change the choice)."""
+        return mode != PLAIN or not self._speculation_could_pay(batch_size, plain_rate)
 
     def _step_cost_ratio(self, other: int, mode: int, batch_size: int) -> float:
         """How many steps of ``mode`` one step of ``other`` takes at this batch size
@@ -506,8 +513,9 @@ class ThroughputPolicy:
     ) -> None:
         """Speculative steps of one step count: ``num_tokens`` committed by
         ``num_requests`` verified requests (one step, or several summed)."""
-        if self.acceptance.observe(num_steps, num_tokens, num_requests):
-            # Traffic easier than any before: probe at the base interval again.
+        easier = self.acceptance.observe(num_steps, num_tokens, num_requests)
+        if easier and self._mode == PLAIN:
+            # Traffic easier than any before: speculation may pay where it would not.
             self._probe_interval_now = self.probe_interval
 
     def get_state(self) -> Dict[str, object]:

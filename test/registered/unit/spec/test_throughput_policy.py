@@ -250,13 +250,20 @@ class TestThroughputPolicy(CustomTestCase):
         # a probe refreshes the estimate that would otherwise go stale while plain
         p.observe(3, 256, num_tokens=256 * 4)
         self.assertGreater(p.acceptance.expected(3), 2.952)
-        # and speculating, the plain step's time; a plain step is the shorter one
-        # there: a probe every probe_interval steps
+        # and speculating, the plain step's time, the only estimate that can go
+        # stale there (every step observes the acceptance): the interval doubles at
+        # each probe (a plain step is the shorter one), up to max_probe_backoff
+        # times itself: the first after 16 steps, then every 2 + 31.
         p = policy(min_dwell_steps=0, probe_interval=16, explore_steps=2)
         decisions = [p.decide(1) for _ in range(180)]
         probes = [d for d in decisions if d.reason == REASON_PROBE]
         self.assertEqual({d.num_steps for d in probes}, {PLAIN})
-        self.assertEqual(set(probe_gaps([d.reason for d in decisions])), {2 + 15})
+        reasons = [d.reason for d in decisions]
+        self.assertEqual(reasons.index(REASON_PROBE), 15)
+        self.assertEqual(set(probe_gaps(reasons)), {2 + 31})
+        # Traffic easier than any before changes nothing there.
+        p.observe(3, 1, num_tokens=8)
+        self.assertEqual(p.get_state()["probe_interval"], 32)
 
     def test_probes_back_off_where_speculation_cannot_pay(self):
         # At 256 speculating gives 256 * 2.952 / 0.125 = 6046 tok/s against the plain
