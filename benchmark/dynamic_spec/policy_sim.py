@@ -484,6 +484,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         wall_times = step_wall_times(records)
         if wall_times:
             print(f"the trace's decode steps, wall time: {json.dumps(wall_times)}")
+        print(f"each switch is charged {1e3 * env.switch_seconds:.2f} ms")
     else:
         if not (args.costs and args.accept and args.phases):
             parser.error("give --trace, or --costs, --accept and --phases")

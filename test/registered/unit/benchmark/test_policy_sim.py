@@ -369,6 +369,13 @@ class TestSimulate(CustomTestCase):
         rows = out.getvalue().splitlines()[1:]
         self.assertEqual([r.split()[0] for r in rows], ["nospec", "always", "auto"])
 
+    def test_cli_on_a_trace_says_what_a_switch_is_charged(self):
+        out = io.StringIO()
+        with redirect_stdout(out):
+            sim.main(["--trace", BACKEND_TRACES["fa3"], "--policies", "always,auto"])
+        charged = [line for line in out.getvalue().splitlines() if "charged" in line]
+        self.assertEqual(charged, ["each switch is charged 1.90 ms"])
+
 
 if __name__ == "__main__":
     unittest.main()
