@@ -149,7 +149,9 @@ def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
     share of the wall time that the steps right after a switch took beyond their
     mode's usual step; and the gaps between two steps of one mode longer than twice
     its usual step (a prefill ran between them, or the server idled): how many,
-    their median excess and its share."""
+    their median excess and its share. Under the overlap scheduler a gap is an
+    earlier step's time, so a mode's first steps after a switch show the other
+    mode's step; ``switch_seconds`` measures what a switch costs."""
     steps, usual = _decision_gaps(records)
     if not steps:
         return {}
