@@ -27,8 +27,10 @@ a dwell so that a batch at the crossover does not flip every step.
   acceptance seen so far), the interval doubles at each probe, up to
   ``max_probe_backoff`` times itself (0.8% by default), and is spaced by time (it
   counts steps' worth of the probed mode's step: at a large batch a speculative step
-  can take several plain ones). The dwell holds a new mode only while the batch
-  stays in the bucket it was chosen at.
+  can take several plain ones) and by the lead (times how many times faster the
+  probed mode's step would have to become to win: a time that must drift further
+  before it matters is refreshed less often). The dwell holds a new mode only while
+  the batch stays in the bucket it was chosen at.
 * ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
   launches of the running batch (``DecodeStepTimer``) and folds what the steps
   observed into the policy, summed over TP ranks (``PendingObservations``), so that
@@ -285,8 +287,8 @@ class ThroughputPolicy:
     run at the other mode's throughput. Where a probe can refresh only a step time
     (``_only_a_time_can_go_stale``), the interval is multiplied by the probed mode's
     step time over the current one's (probes take that share of the time, not of the
-    steps) and each probe doubles it, up to ``max_probe_backoff`` times
-    ``probe_interval``; any other probe, a change of mode or, while plain, a new
+    steps) and by the current mode's lead over it (``_lead``), and each probe doubles
+    it, up to ``max_probe_backoff`` times ``probe_interval``; any other probe, a change of mode or, while plain, a new
     best acceptance resets it. A new mode is held for ``min_dwell_steps`` steps while
     the batch stays in the bucket it was chosen at.
     """
@@ -434,6 +436,7 @@ class ThroughputPolicy:
             if self._steps_since_explore + 1 < math.ceil(
                 self._probe_interval_now
                 * self._step_cost_ratio(other, mode, batch_size)
+                * self._lead(rates[mode], rates[other])
             ):
                 return None
             self._probe_interval_now = min(
@@ -461,6 +464,14 @@ class ThroughputPolicy:
         if theirs is None or mine is None:
             return 1.0
         return max(1.0, theirs / mine)
+
+    def _lead(self, rate: Optional[float], other_rate: Optional[float]) -> float:
+        """How many times faster the other mode's step would have to become to win
+        by the margin (at least 1; 1 while either is untimed): a time that would have
+        to drift that far goes stale that much later."""
+        if rate is None or not other_rate:
+            return 1.0
+        return max(1.0, rate / (other_rate * (1 + self.margin)))
 
     def _speculation_could_pay(
         self, batch_size: int, plain_rate: Optional[float]

@@ -233,34 +233,40 @@ class TestThroughputPolicy(CustomTestCase):
 
     def test_probes_take_a_bounded_share_of_the_time(self):
         # At 256 a speculative step takes 0.125 / 0.035 = 3.6 plain steps' time and
-        # would not pay (below): its probes come that much less often, so that they
-        # take explore_steps / (probe_interval + explore_steps) of the time, not of
-        # the steps.
+        # would not pay (below): its probes come that much less often, and as much
+        # less as the plain step leads (its 7314 tok/s are 1.15 times 1.05 times a
+        # speculative step's 6046), so that they take explore_steps /
+        # (probe_interval * lead + explore_steps) of the time, not of the steps.
         p = policy(
             min_dwell_steps=0, probe_interval=16, explore_steps=2, max_probe_backoff=1
         )
-        decisions = [p.decide(256) for _ in range(59 * 10)]
+        decisions = [p.decide(256) for _ in range(67 * 10)]
         probes = [d for d in decisions if d.reason == REASON_PROBE]
         self.assertTrue(all(d.num_steps == 3 for d in probes))
         self.assertEqual(p.num_probes, 10)
         seconds = {PLAIN: 0.035, 3: 0.125}
         probe_time = sum(seconds[d.num_steps] for d in probes)
         total_time = sum(seconds[d.num_steps] for d in decisions)
-        self.assertAlmostEqual(probe_time / total_time, 2 / 18, delta=0.002)
+        lead = (256 / 0.035) / (256 * 2.952 / 0.125 * 1.05)
+        self.assertAlmostEqual(
+            probe_time / total_time, 2 / (16 * lead + 2), delta=0.002
+        )
         # a probe refreshes the estimate that would otherwise go stale while plain
         p.observe(3, 256, num_tokens=256 * 4)
         self.assertGreater(p.acceptance.expected(3), 2.952)
         # and speculating, the plain step's time, the only estimate that can go
         # stale there (every step observes the acceptance): the interval doubles at
         # each probe (a plain step is the shorter one), up to max_probe_backoff
-        # times itself: the first after 16 steps, then every 2 + 31.
+        # times itself, and is stretched by the lead (184.5 tok/s speculating are
+        # 1.76 times 1.05 times the plain step's 100): the first after 16 * 1.76
+        # steps, then every 2 + 32 * 1.76 - 1.
         p = policy(min_dwell_steps=0, probe_interval=16, explore_steps=2)
-        decisions = [p.decide(1) for _ in range(180)]
+        decisions = [p.decide(1) for _ in range(300)]
         probes = [d for d in decisions if d.reason == REASON_PROBE]
         self.assertEqual({d.num_steps for d in probes}, {PLAIN})
         reasons = [d.reason for d in decisions]
-        self.assertEqual(reasons.index(REASON_PROBE), 15)
-        self.assertEqual(set(probe_gaps(reasons)), {2 + 31})
+        self.assertEqual(reasons.index(REASON_PROBE), 28)
+        self.assertEqual(set(probe_gaps(reasons)), {2 + 56})
         # Traffic easier than any before changes nothing there.
         p.observe(3, 1, num_tokens=8)
         self.assertEqual(p.get_state()["probe_interval"], 32)
@@ -273,9 +279,10 @@ class TestThroughputPolicy(CustomTestCase):
         )
         gaps = probe_gaps([p.decide(256).reason for _ in range(800)])
         # From one probe's start to the next: its 2 steps, then the interval (in
-        # plain steps: 3.6 per speculative one) less one step; the interval doubles
-        # at each probe (16 before the first), up to 64.
-        self.assertEqual(gaps[:3], [2 + 114, 2 + 228, 2 + 228])
+        # plain steps: 3.6 per speculative one, times the plain step's lead of
+        # 1.15) less one step; the interval doubles at each probe (16 before the
+        # first), up to 64.
+        self.assertEqual(gaps[:3], [2 + 131, 2 + 263, 2 + 263])
         self.assertEqual(p.get_state()["probe_interval"], 64)
         # Once a 4.0 acceptance has been seen (256 * 4 / 0.125 = 8192 tok/s would
         # pay), probing returns to the base interval, counted in steps.
@@ -301,7 +308,9 @@ class TestThroughputPolicy(CustomTestCase):
         # a probe saw more than ever (3.0 > 2.952), though not enough to pay at 256
         p.observe(3, 256, num_tokens=256 * 3)
         self.assertEqual(p.get_state()["probe_interval"], 16)
-        reasons = [p.decide(256).reason for _ in range(16)]
+        # the next probe comes 16 * 3.6 * 1.12 = 64 plain steps after the last one,
+        # not 4 times that
+        reasons = [p.decide(256).reason for _ in range(64)]
         self.assertIn(REASON_PROBE, reasons)
         self.assertEqual(p.get_state()["mode_num_steps"], PLAIN)
 
