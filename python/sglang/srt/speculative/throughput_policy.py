@@ -14,8 +14,8 @@ a dwell so that a batch at the crossover does not flip every step.
   of the captured graphs (at their capture-time lengths) would not. A bucket not
   timed yet costs the lower bound its timed neighbours give.
 * ``AcceptanceEstimate``: ``E[accept length | m]`` observed over speculative steps
-  (an EMA per step count); step counts not observed yet are predicted from the
-  per-token acceptance of a chain fitted to the ones that were
+  (an EMA per step count); step counts not observed yet, or not for a while, are
+  predicted from the per-token acceptance of a chain fitted to the freshest one
   (``E = 1 + p + ... + p^s``).
 * ``ThroughputPolicy``: the decision. A mode not timed yet at a bucket is run for a
   few steps (calibration, long enough for a median of several timed steps); after
@@ -211,13 +211,20 @@ class StepCosts:
 
 
 class AcceptanceEstimate:
-    """Tokens per verify step (accepted drafts + the bonus token), per step count."""
+    """Tokens per verify step (accepted drafts + the bonus token), per step count.
+
+    Each step count's estimate is the mean of its first ``1 / ema_alpha`` verify
+    steps, then an EMA over them. A step count not
+    verified within the last ``stale_after`` verify steps (the traffic may have
+    changed since) is predicted, as one never verified, from the per-token
+    acceptance of a chain fitted to the freshest one."""
 
     def __init__(
         self,
         step_counts: Sequence[int],
         prior_accept_length: Dict[int, float],
         ema_alpha: float = 0.1,
+        stale_after: int = 256,
     ):
         """prior_accept_length: for at least one step count, what to expect before a
         speculative step has been observed (1.0: speculation must earn its place);
@@ -226,40 +233,72 @@ class AcceptanceEstimate:
             raise ValueError("the acceptance estimate needs a prior")
         self.step_counts = sorted(step_counts)
         self.ema_alpha = ema_alpha
+        self.stale_after = stale_after
         self._prior = dict(prior_accept_length)
         self._observed: Dict[int, float] = {}
-        # The highest estimate each observed step count has had.
+        self._num_verifies = 0
+        # Per step count: its verify steps, and the total count at its last one.
+        self._verifies_of: Dict[int, int] = {}
+        self._last_verify: Dict[int, int] = {}
+        # The highest estimate each step count has had once it averaged over as
+        # many verify steps as its EMA does (a lucky first step is not a best).
         self._best: Dict[int, float] = {}
 
-    def observe(self, num_steps: int, num_tokens: float, num_requests: float) -> bool:
-        """Speculative steps of one step count: ``num_tokens`` committed by
-        ``num_requests`` verified requests (one step, or several summed). Returns
-        whether the estimate rose above its best so far."""
-        if num_requests <= 0:
+    def observe(
+        self,
+        num_steps: int,
+        num_tokens: float,
+        num_requests: float,
+        num_verifies: int = 1,
+    ) -> bool:
+        """``num_verifies`` verify steps of one step count: ``num_tokens`` committed
+        by ``num_requests`` verified requests in all. Each verify step moves the EMA
+        alike, however they are grouped. Returns whether the estimate rose above
+        its best so far."""
+        if num_requests <= 0 or num_verifies <= 0:
             return False
         sample = num_tokens / num_requests
-        old = self._observed.get(num_steps)
         best_before = self.best(num_steps)
-        new = sample if old is None else old + self.ema_alpha * (sample - old)
+        verifies_before = self._verifies_of.get(num_steps, 0)
+        verifies = verifies_before + num_verifies
+        if verifies * self.ema_alpha <= 1:  # the mean of the first ones
+            weight = num_verifies / verifies
+        else:
+            weight = 1 - (1 - self.ema_alpha) ** num_verifies
+        old = self._observed.get(num_steps, sample)
+        new = old + weight * (sample - old)
         self._observed[num_steps] = new
-        self._best[num_steps] = max(self._best.get(num_steps, new), new)
+        self._verifies_of[num_steps] = verifies
+        self._num_verifies += num_verifies
+        self._last_verify[num_steps] = self._num_verifies
+        if verifies * self.ema_alpha >= 1:
+            self._best[num_steps] = max(self._best.get(num_steps, new), new)
         return new > best_before
 
     def expected(self, num_steps: int) -> float:
-        """E[accept length | num_steps]; unobserved step counts from the chain fit to
-        the nearest observed one (or prior)."""
+        """E[accept length | num_steps]; step counts unobserved or stale from the
+        chain fit to the nearest fresh one (or prior)."""
         if num_steps == PLAIN:
             return 1.0
-        known = self._observed or self._prior
+        known = self._fresh() or self._prior
         if num_steps in known:
             return known[num_steps]
         nearest = min(known, key=lambda s: (abs(s - num_steps), s))
         p = fit_chain_acceptance(known[nearest], nearest)
         return chain_accept_length(p, num_steps)
 
+    def _fresh(self) -> Dict[int, float]:
+        """The estimates of the step counts verified within ``stale_after`` verify
+        steps (the last one verified is always fresh)."""
+        return {
+            s: estimate
+            for s, estimate in self._observed.items()
+            if self._num_verifies - self._last_verify[s] < self.stale_after
+        }
+
     def best(self, num_steps: int) -> float:
-        """The highest E[accept length | num_steps] so far (the current estimate for
-        step counts not observed yet)."""
+        """The highest E[accept length | num_steps] so far (the current estimate
+        while it has none)."""
         return max(self.expected(num_steps), self._best.get(num_steps, 1.0))
 
     def state(self) -> Dict[str, float]:
@@ -451,7 +490,8 @@ class ThroughputPolicy:
         self, mode: int, batch_size: int, plain_rate: Optional[float]
     ) -> bool:
         """Whether a probe from ``mode`` can refresh no estimate but the other modes'
-        step times: while speculating (every step observes the acceptance), or
+        step times: while speculating (every step observes the acceptance, and
+        step counts not run for a while follow the fit to the running one), or
         plain where no speculative mode would pay even at the best acceptance seen
         so far (only traffic easier than any before could change the choice)."""
         return mode != PLAIN or not self._speculation_could_pay(batch_size, plain_rate)
@@ -505,26 +545,18 @@ class ThroughputPolicy:
         self._last_speculated = chosen != PLAIN
         self.num_toggles += toggled
 
-    def observe(
+    def observe_verify(
         self,
         num_steps: int,
-        batch_size: int,
-        num_tokens: Optional[int] = None,
-        seconds: Optional[float] = None,
+        num_tokens: float,
+        num_requests: float,
+        num_verifies: int = 1,
     ) -> None:
-        """What a decode step of this mode did: tokens committed (speculative steps
-        refresh the acceptance), and its time if measured (decode steps only)."""
-        if num_steps != PLAIN and num_tokens is not None:
-            self.observe_verify(num_steps, num_tokens, batch_size)
-        if seconds is not None:
-            self.costs.observe(num_steps, batch_size, seconds)
-
-    def observe_verify(
-        self, num_steps: int, num_tokens: float, num_requests: float
-    ) -> None:
-        """Speculative steps of one step count: ``num_tokens`` committed by
-        ``num_requests`` verified requests (one step, or several summed)."""
-        easier = self.acceptance.observe(num_steps, num_tokens, num_requests)
+        """``num_verifies`` speculative steps of one step count: ``num_tokens``
+        committed by ``num_requests`` verified requests in all."""
+        easier = self.acceptance.observe(
+            num_steps, num_tokens, num_requests, num_verifies
+        )
         if easier and self._mode == PLAIN:
             # Traffic easier than any before: speculation may pay where it would not.
             self._probe_interval_now = self.probe_interval
@@ -615,6 +647,8 @@ class PendingObservations:
         self._modes = list(modes)
         self._times: Dict[Tuple[int, int], List[float]] = {}
         self._verifies: Dict[int, List[float]] = {}  # [tokens, requests]
+        # Verify steps per step count: rank-identical, so not summed over ranks.
+        self._num_verifies: Dict[int, int] = {}
 
     def add_step_time(self, num_steps: int, bucket: int, seconds: float) -> None:
         self._times.setdefault((num_steps, bucket), []).append(seconds)
@@ -623,6 +657,7 @@ class PendingObservations:
         total = self._verifies.setdefault(num_steps, [0.0, 0.0])
         total[0] += num_tokens
         total[1] += num_requests
+        self._num_verifies[num_steps] = self._num_verifies.get(num_steps, 0) + 1
 
     def fold_into(
         self,
@@ -630,8 +665,8 @@ class PendingObservations:
         reduce: Optional[Callable[[List[float]], List[float]]] = None,
     ) -> None:
         """Feed the observations to the policy: per (mode, bucket) the low median
-        step time (the mean of the ranks' with TP), one acceptance sample per
-        step count (summed over the ranks)."""
+        step time (the mean of the ranks' with TP), per step count the tokens
+        its verify steps committed (summed over the ranks)."""
         medians = {
             key: [statistics.median_low(times), 1.0]
             for key, times in self._times.items()
@@ -643,9 +678,12 @@ class PendingObservations:
             if ranks > 0:
                 policy.costs.observe(mode, bucket, seconds / ranks)
         for mode, (tokens, requests) in verifies.items():
-            policy.observe_verify(mode, tokens, requests)
+            policy.observe_verify(
+                mode, tokens, requests, self._num_verifies.get(mode, 0)
+            )
         self._times.clear()
         self._verifies.clear()
+        self._num_verifies.clear()
 
     def _sum_over_ranks(
         self,

@@ -167,19 +167,56 @@ class TestAcceptanceEstimate(CustomTestCase):
     def test_plain_step_yields_one_token(self):
         self.assertEqual(AcceptanceEstimate([3], {3: 2.5}).expected(PLAIN), 1.0)
 
-    def test_first_observation_replaces_the_prior_then_an_ema(self):
-        estimate = AcceptanceEstimate([3], {3: 1.0}, ema_alpha=0.5)
+    def test_first_observation_replaces_the_prior_then_a_mean_then_an_ema(self):
+        estimate = AcceptanceEstimate([3], {3: 1.0}, ema_alpha=0.25)
         self.assertEqual(estimate.expected(3), 1.0)
         estimate.observe(3, num_tokens=30, num_requests=10)
         self.assertAlmostEqual(estimate.expected(3), 3.0)
-        estimate.observe(3, num_tokens=10, num_requests=10)
-        self.assertAlmostEqual(estimate.expected(3), 2.0)
+        estimate.observe(3, num_tokens=20, num_requests=10, num_verifies=3)
+        self.assertAlmostEqual(estimate.expected(3), 2.25)  # the mean of the four
+        estimate.observe(3, num_tokens=40, num_requests=10)
+        self.assertAlmostEqual(estimate.expected(3), 2.25 + 0.25 * (4 - 2.25))
 
     def test_unobserved_step_counts_follow_the_fitted_chain(self):
         p = 0.8
         estimate = AcceptanceEstimate([1, 3, 7], {3: chain_accept_length(p, 3)})
         self.assertAlmostEqual(estimate.expected(7), chain_accept_length(p, 7), 5)
         self.assertAlmostEqual(estimate.expected(1), 1.8, 5)
+
+    def test_grouped_verify_steps_move_the_ema_as_one_by_one(self):
+        one_by_one = AcceptanceEstimate([3], {3: 1.0})
+        grouped = AcceptanceEstimate([3], {3: 1.0})
+        for estimate in (one_by_one, grouped):
+            estimate.observe(3, num_tokens=200, num_requests=100, num_verifies=10)
+        for _ in range(16):
+            one_by_one.observe(3, num_tokens=40, num_requests=10)
+        grouped.observe(3, num_tokens=16 * 40, num_requests=16 * 10, num_verifies=16)
+        self.assertAlmostEqual(grouped.expected(3), one_by_one.expected(3))
+        self.assertGreater(grouped.expected(3), 3.5)
+
+    def test_a_lucky_first_verify_is_not_a_best(self):
+        estimate = AcceptanceEstimate([3], {3: 1.0})
+        self.assertTrue(estimate.observe(3, num_tokens=4, num_requests=1))
+        for _ in range(30):
+            estimate.observe(3, num_tokens=29, num_requests=10)
+        self.assertLess(estimate.best(3), 3.05)  # the mean of the first 10
+        # one held for as many verify steps as the EMA averages over is
+        for _ in range(10):
+            estimate.observe(3, num_tokens=38, num_requests=10)
+        for _ in range(30):
+            estimate.observe(3, num_tokens=29, num_requests=10)
+        self.assertGreater(estimate.best(3), 3.4)
+
+    def test_a_step_count_not_verified_for_long_follows_the_fresh_one(self):
+        estimate = AcceptanceEstimate([3, 7], {3: 1.0}, stale_after=100)
+        hard, easy = chain_accept_length(0.3, 7), chain_accept_length(0.9, 3)
+        estimate.observe(7, num_tokens=hard * 10, num_requests=10)
+        for _ in range(99):
+            estimate.observe(3, num_tokens=easy * 10, num_requests=10)
+        self.assertAlmostEqual(estimate.expected(7), hard)  # still its own
+        estimate.observe(3, num_tokens=easy * 10, num_requests=10)
+        self.assertAlmostEqual(estimate.expected(7), chain_accept_length(0.9, 7), 4)
+        self.assertAlmostEqual(estimate.expected(3), easy)
 
 
 class TestThroughputPolicy(CustomTestCase):
@@ -209,7 +246,7 @@ class TestThroughputPolicy(CustomTestCase):
         p = policy(min_dwell_steps=4, margin=0.0)
         self.assertEqual(p.decide(256).num_steps, PLAIN)  # the start is not held
         for _ in range(60):  # the traffic turns easy: speculating pays at 256 too
-            p.observe(3, 256, num_tokens=256 * 4)
+            p.observe_verify(3, 256 * 4, 256)
         for _ in range(3):  # the plain step chosen at 256 lasts its dwell there
             decision = p.decide(256)
             self.assertEqual(
@@ -228,7 +265,7 @@ class TestThroughputPolicy(CustomTestCase):
         p = policy(accept_length=3.8, min_dwell_steps=0, margin=0.0)
         self.assertEqual(p.decide(64).num_steps, 3)
         for _ in range(60):  # the traffic turns hard: 1.2 tokens per verify
-            p.observe(3, 64, num_tokens=int(64 * 1.2))
+            p.observe_verify(3, int(64 * 1.2), 64)
         self.assertEqual(p.decide(64).num_steps, PLAIN)
 
     def test_probes_take_a_bounded_share_of_the_time(self):
@@ -252,7 +289,7 @@ class TestThroughputPolicy(CustomTestCase):
             probe_time / total_time, 2 / (16 * lead + 2), delta=0.002
         )
         # a probe refreshes the estimate that would otherwise go stale while plain
-        p.observe(3, 256, num_tokens=256 * 4)
+        p.observe_verify(3, 256 * 4, 256)
         self.assertGreater(p.acceptance.expected(3), 2.952)
         # and speculating, the plain step's time, the only estimate that can go
         # stale there (every step observes the acceptance): the interval doubles at
@@ -268,7 +305,7 @@ class TestThroughputPolicy(CustomTestCase):
         self.assertEqual(reasons.index(REASON_PROBE), 28)
         self.assertEqual(set(probe_gaps(reasons)), {2 + 56})
         # Traffic easier than any before changes nothing there.
-        p.observe(3, 1, num_tokens=8)
+        p.observe_verify(3, 8, 1)
         self.assertEqual(p.get_state()["probe_interval"], 32)
 
     def test_probes_back_off_where_speculation_cannot_pay(self):
@@ -284,11 +321,12 @@ class TestThroughputPolicy(CustomTestCase):
         # first), up to 64.
         self.assertEqual(gaps[:3], [2 + 131, 2 + 263, 2 + 263])
         self.assertEqual(p.get_state()["probe_interval"], 64)
-        # Once a 4.0 acceptance has been seen (256 * 4 / 0.125 = 8192 tok/s would
-        # pay), probing returns to the base interval, counted in steps.
-        p.observe(3, 256, num_tokens=256 * 4)
+        # Once a 4.0 acceptance has held for as many verify steps as the estimate
+        # averages over (256 * 4 / 0.125 = 8192 tok/s would pay), probing returns
+        # to the base interval, counted in steps.
+        p.observe_verify(3, 256 * 4 * 10, 256 * 10, num_verifies=10)
         for _ in range(60):  # and the traffic turned hard again
-            p.observe(3, 256, num_tokens=int(256 * 2.5))
+            p.observe_verify(3, int(256 * 2.5), 256)
         gaps = probe_gaps([p.decide(256).reason for _ in range(200)])
         self.assertEqual(p.get_state()["mode_num_steps"], PLAIN)
         self.assertEqual(set(gaps), {2 + 15})
@@ -306,7 +344,7 @@ class TestThroughputPolicy(CustomTestCase):
             p.decide(256)
         self.assertEqual(p.get_state()["probe_interval"], 64)
         # a probe saw more than ever (3.0 > 2.952), though not enough to pay at 256
-        p.observe(3, 256, num_tokens=256 * 3)
+        p.observe_verify(3, 256 * 3, 256)
         self.assertEqual(p.get_state()["probe_interval"], 16)
         # the next probe comes 16 * 3.6 * 1.12 = 64 plain steps after the last one,
         # not 4 times that
@@ -368,6 +406,31 @@ class TestThroughputPolicy(CustomTestCase):
         )
         self.assertEqual(p.decide(8).num_steps, 3)
         self.assertEqual(p.decide(64).num_steps, 1)  # 64*1.8/0.022 beats both
+
+    def test_a_step_count_passed_over_while_the_traffic_was_hard_comes_back(self):
+        table = StepCosts(
+            {PLAIN: {1: 0.015}, 3: {1: 0.016}, 7: {1: 0.020}},
+        )
+        p = ThroughputPolicy(
+            table,
+            AcceptanceEstimate([3, 7], {3: 1.0}, stale_after=64),
+            min_dwell_steps=0,
+            probe_interval=16,
+        )
+        # 7 steps once, on hard traffic (71 tok/s against 3 steps' 89, plain 67)
+        p.observe_verify(7, chain_accept_length(0.3, 7), 1)
+        p.observe_verify(3, chain_accept_length(0.3, 3), 1)
+        self.assertEqual(p.decide(1).num_steps, 3)
+        # then easy: 7 steps would give 285 tok/s, 3 steps 215
+        modes = []
+        for _ in range(200):
+            decision = p.decide(1)
+            modes.append(decision.num_steps)
+            accept_length = chain_accept_length(0.9, decision.num_steps)
+            if decision.num_steps != PLAIN:
+                p.observe_verify(decision.num_steps, accept_length, 1)
+        self.assertEqual(p.get_state()["mode_num_steps"], 7)
+        self.assertGreater(modes[-100:].count(7), 90)  # the rest: probes of 3
 
     def test_toggles_and_state(self):
         p = policy(min_dwell_steps=0, margin=0.0, probe_interval=1000)
