@@ -108,6 +108,11 @@ def load_trace(path: str) -> List[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def bucket_of(batch_size: int) -> int:
+    """The power-of-two batch bucket the server files a batch of this size under."""
+    return power_of_two_buckets(batch_size)[-1]
+
+
 def step_records(records: Sequence[dict]) -> List[dict]:
     """The trace's timed decode steps (its other records are verifies and
     decisions)."""
@@ -131,7 +136,7 @@ def _decision_gaps(
         previous = mode
         if not with_prefills and following["batch_size"] > this["batch_size"]:
             continue
-        bucket = power_of_two_buckets(this["batch_size"])[-1]
+        bucket = bucket_of(this["batch_size"])
         steps.setdefault((mode, bucket, switched), []).append(
             following["t"] - this["t"]
         )
@@ -224,7 +229,7 @@ def switch_seconds(records: Sequence[dict]) -> float:
         end = back + ROUND_TRIP_TAIL
         if len({r["batch_size"] for r in decisions[k - 1 : end + 1]}) > 1:
             continue
-        bucket = power_of_two_buckets(decisions[k]["batch_size"])[-1]
+        bucket = bucket_of(decisions[k]["batch_size"])
         keys = [("spec" if speculative[i] else "plain", bucket) for i in range(k, end)]
         if all(key in usual for key in keys):
             wall = decisions[end]["t"] - decisions[k]["t"]
@@ -244,8 +249,7 @@ def trace_buckets(records: Sequence[dict]) -> List[int]:
     buckets = power_of_two_buckets(max(r["batch_size"] for r in steps))
     timed: Dict[int, set] = {}
     for r in steps:
-        bucket = next(b for b in buckets if b >= r["batch_size"])
-        timed.setdefault(bucket, set()).add(r["num_steps"])
+        timed.setdefault(bucket_of(r["batch_size"]), set()).add(r["num_steps"])
     modes = {r["num_steps"] for r in steps}
     both = [b for b in buckets if timed.get(b) == modes]
     if not both:
@@ -303,7 +307,7 @@ def prefill_rates(records: Sequence[dict]) -> Dict[int, float]:
     steps: Counter = Counter()
     grown: Counter = Counter()
     for before, size in zip(sizes, sizes[1:]):
-        bucket = power_of_two_buckets(size)[-1]
+        bucket = bucket_of(size)
         steps[bucket] += 1
         grown[bucket] += size > before
     return {bucket: grown[bucket] / n for bucket, n in steps.items()}
@@ -408,7 +412,7 @@ class _Auto:
 
     def _prefill_before(self, batch_size: int) -> int:
         """1 if a prefill runs before this step: at its bucket's rate, evenly."""
-        bucket = power_of_two_buckets(batch_size)[-1]
+        bucket = bucket_of(batch_size)
         credit = self._prefill_credit.get(bucket, 0.0)
         credit += self.prefill_rate.get(bucket, 0.0)
         due = credit >= 1.0
