@@ -380,7 +380,6 @@ class _Auto:
         steps = env.speculative_steps
         self.policy = ThroughputSpecPolicy(
             speculative_steps=steps,
-            initial_steps=max(steps),
             sets_step_count=len(steps) > 1,
             max_batch_size=max(next(iter(env.costs.values()))),
             min_dwell_steps=DEFAULT_MIN_DWELL_STEPS,
@@ -396,9 +395,7 @@ class _Auto:
     def decide(self, batch_size: int) -> int:
         self.batch.size = batch_size
         self.policy.plan_decode_step(self.batch)
-        if self.batch.spec_plain_step:
-            return PLAIN
-        return self.batch.spec_num_steps or self.policy.initial_steps
+        return self.policy.planned_num_steps
 
     def observe(
         self, num_steps: int, batch_size: int, num_tokens: float, seconds: float

@@ -1,7 +1,7 @@
 """Plain decode steps of a load-aware speculative EAGLEWorkerV2.
 
 When a decode step does not speculate (``ScheduleBatch.spec_plain_step``, set by
-the SpecPolicy in spec_policy.py, or an adaptive tier at 0 draft steps),
+the load-aware policy of spec_policy.py, or an adaptive tier at 0 draft steps),
 ``EAGLEWorkerV2.forward_batch_generation`` hands it to ``LoadAwarePlainStep``,
 which
 
@@ -77,6 +77,7 @@ from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
 from sglang.srt.utils.common import fast_topk
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -131,7 +132,7 @@ def load_aware_worker_unsupported_reason(worker: EAGLEWorkerV2) -> Optional[str]
     return unverified_decode_backend_reason(worker.server_args)
 
 
-def fresh_attention_backend(model_runner: ModelRunner):
+def fresh_attention_backend(model_runner: ModelRunner) -> AttentionBackend:
     """A separate instance of the model runner's attention backend, with its own
     workspace (as upstream's adaptive runtime states build theirs): a second
     ``init_cuda_graph_state`` on the backend in use would reallocate the buffers

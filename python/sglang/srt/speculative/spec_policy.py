@@ -43,6 +43,7 @@ from typing import (
     List,
     NamedTuple,
     Optional,
+    Protocol,
     Tuple,
     Union,
 )
@@ -55,10 +56,12 @@ from sglang.srt.mem_cache.allocation_sizing import (
 from sglang.srt.speculative.throughput_policy import (
     AUTO,
     PLAIN,
+    REASON_DWELL,
     StepTrace,
     ThroughputSpecPolicy,
     log_toggle,
     mark_plain_step,
+    steps_by_mode,
     steps_by_reason,
 )
 
@@ -72,19 +75,31 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MIN_DWELL_STEPS = 8
 
-# Decision reasons (usable as a small, fixed metric label set).
+# The thresholds' decision reasons, a metric label as auto's are; with
+# REASON_DWELL (shared with auto): plain, bs <= M but the dwell has not elapsed.
 REASON_LOW_LOAD = "low_load"  # speculate: bs <= enable threshold (or no threshold)
 REASON_HYSTERESIS = "hysteresis"  # keep the current mode: M < bs < N
 REASON_HIGH_LOAD = "high_load"  # plain: bs >= disable threshold
-REASON_DWELL = "dwell"  # plain: bs <= M but the minimum dwell has not elapsed
 REASON_ZERO_DRAFT_STEPS = "zero_draft_steps"  # plain: the adaptive tier runs 0 steps
-DECISION_REASONS = (
-    REASON_LOW_LOAD,
-    REASON_HYSTERESIS,
-    REASON_HIGH_LOAD,
-    REASON_DWELL,
-    REASON_ZERO_DRAFT_STEPS,
-)
+
+
+class LoadAwarePolicy(Protocol):
+    """What the scheduler, its metrics and /server_info use of a load-aware policy:
+    ``SpecPolicy`` (thresholds) or ``ThroughputSpecPolicy`` (``auto``)."""
+
+    @property
+    def speculating(self) -> bool: ...
+
+    @property
+    def num_toggles(self) -> int: ...
+
+    @property
+    def step_counts(self) -> Dict[Tuple[str, str], int]:
+        """Decode steps by (mode, reason), mode "spec" or "plain"."""
+
+    def plan_decode_step(self, batch: ScheduleBatch) -> None: ...
+
+    def get_state(self) -> Dict[str, Any]: ...
 
 
 def default_enable_batch_threshold(disable_batch_threshold: int) -> int:
@@ -146,21 +161,22 @@ class SpecPolicy:
         self._steps_in_mode = 0
         self._speculating = True
         self.num_toggles = 0
-        self.num_spec_steps = 0
-        self.num_plain_steps = 0
         # Decode steps by (mode, reason), mode "spec" or "plain".
         self.step_counts: Dict[Tuple[str, str], int] = {}
 
     @classmethod
     def from_server_args(
         cls, server_args: ServerArgs, worker: Any = None
-    ) -> Optional["SpecPolicy"]:
+    ) -> Optional[LoadAwarePolicy]:
         """The policy of a speculative server whose decode steps can be plain,
         or None. worker: the speculative worker (if it runs plain steps, its
         adaptive controller's tiers at 0 draft steps are plain steps)."""
         adaptive = getattr(worker, "adaptive_controller", None)
-        zero_draft_steps = None
         plain_step = getattr(worker, "plain_step", None)
+        threshold = server_args.speculative_disable_batch_threshold
+        if threshold == AUTO:
+            return throughput_spec_policy(server_args, plain_step, adaptive)
+        zero_draft_steps = None
         if (
             plain_step is not None
             and adaptive is not None
@@ -168,9 +184,6 @@ class SpecPolicy:
         ):
             params = adaptive.params
             zero_draft_steps = lambda bs: params.get_steps_for_batch(bs) == 0
-        threshold = server_args.speculative_disable_batch_threshold
-        if threshold == AUTO:
-            return throughput_spec_policy(server_args, plain_step, adaptive)
         if threshold is None and zero_draft_steps is None:
             return None
         return cls(
@@ -196,18 +209,9 @@ class SpecPolicy:
 
         toggled = speculate != self._speculating
         if toggled:
-            log_toggle(
-                speculate,
-                self.num_spec_steps + self.num_plain_steps,
-                batch_size,
-                reason,
-            )
+            log_toggle(speculate, sum(self.step_counts.values()), batch_size, reason)
             self._speculating = speculate
             self.num_toggles += 1
-        if speculate:
-            self.num_spec_steps += 1
-        else:
-            self.num_plain_steps += 1
         key = ("spec" if speculate else "plain", reason)
         self.step_counts[key] = self.step_counts.get(key, 0) + 1
         return SpecDecision(speculate=speculate, reason=reason, toggled=toggled)
@@ -235,11 +239,12 @@ class SpecPolicy:
 
     def get_state(self) -> Dict[str, Any]:
         """A snapshot for /server_info, metrics and logs."""
+        steps = steps_by_mode(self.step_counts)
         return {
             "speculating": self._speculating,
             "num_toggles": self.num_toggles,
-            "num_spec_steps": self.num_spec_steps,
-            "num_plain_steps": self.num_plain_steps,
+            "num_spec_steps": steps["spec"],
+            "num_plain_steps": steps["plain"],
             "disable_batch_threshold": self.disable_batch_threshold,
             "enable_batch_threshold": self.enable_batch_threshold,
             "min_dwell_steps": self.min_dwell_steps,
@@ -266,7 +271,7 @@ def decode_kv_reserve(batch: ScheduleBatch) -> int:
 def throughput_spec_policy(
     server_args: ServerArgs,
     plain_step: LoadAwarePlainStep,
-    adaptive: Optional[AdaptiveController] = None,
+    adaptive: Optional[AdaptiveController],
 ) -> ThroughputSpecPolicy:
     """The ``auto`` policy of a server whose worker runs plain steps, choosing
     among the plain step and the speculative step counts the worker captured (the
@@ -275,22 +280,20 @@ def throughput_spec_policy(
     (the mean of the ranks' low medians); its largest batch bucket covers the running
     batch the target's model runner allows."""
     tp_size = server_args.tp_size
-    initial_steps = server_args.speculative_num_steps
-    candidates = adaptive.candidate_steps if adaptive is not None else [initial_steps]
-    speculative_steps = [s for s in candidates if s != PLAIN]
+    if adaptive is None:
+        speculative_steps = [server_args.speculative_num_steps]
+    else:
+        speculative_steps = [s for s in adaptive.candidate_steps if s != PLAIN]
     if not speculative_steps:
         raise ValueError(
             "--speculative-disable-batch-threshold auto: the adaptive config has no "
             "candidate step count above 0 to speculate with."
         )
-    if initial_steps not in speculative_steps:
-        initial_steps = max(speculative_steps)
     if adaptive is not None:
         adaptive.choose_steps_externally()
     target_runner = plain_step.worker.target_worker.model_runner
     policy = ThroughputSpecPolicy(
         speculative_steps=speculative_steps,
-        initial_steps=initial_steps,
         sets_step_count=adaptive is not None,
         max_batch_size=target_runner.max_running_requests,
         min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,

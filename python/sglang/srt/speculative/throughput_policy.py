@@ -150,7 +150,8 @@ class StepCosts:
         return sorted(self._samples)
 
     def _index(self, batch_size: int) -> int:
-        """The bucket a batch of this size is timed in (the largest beyond it)."""
+        """The index of the bucket a batch of this size is timed in: the smallest
+        batch size >= it, or the largest one beyond them."""
         i = bisect.bisect_left(self.batch_sizes, batch_size)
         return min(i, len(self.batch_sizes) - 1)
 
@@ -280,21 +281,21 @@ class AcceptanceEstimate:
         chain fit to the nearest fresh one (or prior)."""
         if num_steps == PLAIN:
             return 1.0
-        known = self._fresh() or self._prior
+        if self._is_fresh(num_steps):
+            return self._observed[num_steps]
+        known = {s: e for s, e in self._observed.items() if self._is_fresh(s)}
+        known = known or self._prior
         if num_steps in known:
             return known[num_steps]
         nearest = min(known, key=lambda s: (abs(s - num_steps), s))
         p = fit_chain_acceptance(known[nearest], nearest)
         return chain_accept_length(p, num_steps)
 
-    def _fresh(self) -> Dict[int, float]:
-        """The estimates of the step counts verified within ``stale_after`` verify
-        steps (the last one verified is always fresh)."""
-        return {
-            s: estimate
-            for s, estimate in self._observed.items()
-            if self._num_verifies - self._last_verify[s] < self.stale_after
-        }
+    def _is_fresh(self, num_steps: int) -> bool:
+        """Whether this step count was verified within ``stale_after`` verify steps
+        (the last one verified always was)."""
+        last = self._last_verify.get(num_steps)
+        return last is not None and self._num_verifies - last < self.stale_after
 
     def best(self, num_steps: int) -> float:
         """The highest E[accept length | num_steps] so far (the current estimate
@@ -373,6 +374,9 @@ class ThroughputPolicy:
         self._steps_in_mode = 0
         self._steps_since_explore = 0
         self._probe_interval_now = probe_interval
+        # The step of the next probe that can refresh only a time, spaced once its
+        # interval has passed (None: not spaced yet).
+        self._probe_due: Optional[int] = None
         self._exploring: Optional[Tuple[int, str]] = None  # (mode, reason)
         self._explore_left = 0
         # The decode step of the last calibration of each (mode, bucket).
@@ -466,23 +470,28 @@ class ThroughputPolicy:
                 return self._start_exploring(
                     other, REASON_CALIBRATE, self.calibrate_steps
                 )
-        # The interval in time is never shorter than in steps: most decisions end here.
-        if self._steps_since_explore + 1 < self._probe_interval_now:
+        # The spacing is never shorter than the interval: most decisions end here.
+        if self._steps_since_explore + 1 < (
+            self._probe_due or self._probe_interval_now
+        ):
             return None
         others = [m for m in self.modes if m != mode]
         other = max(others, key=lambda m: (rates[m] or 0.0, m))
         if self._only_a_time_can_go_stale(mode, batch_size, rates[PLAIN]):
-            if self._steps_since_explore + 1 < math.ceil(
-                self._probe_interval_now
-                * self._step_cost_ratio(other, mode, batch_size)
-                * self._lead(rates[mode], rates[other])
-            ):
-                return None
+            if self._probe_due is None:
+                self._probe_due = math.ceil(
+                    self._probe_interval_now
+                    * self._step_cost_ratio(other, mode, batch_size)
+                    * self._lead(rates[mode], rates[other])
+                )
+                if self._steps_since_explore + 1 < self._probe_due:
+                    return None
             self._probe_interval_now = min(
                 2 * self._probe_interval_now, self.max_probe_interval
             )
         else:
             self._probe_interval_now = self.probe_interval
+        self._probe_due = None
         self.num_probes += 1
         return self._start_exploring(other, REASON_PROBE, self.explore_steps)
 
@@ -537,7 +546,7 @@ class ThroughputPolicy:
     def _advance(self, mode: int, chosen: int, toggled: bool, bucket: int) -> None:
         if mode != self._mode:
             self._mode, self._steps_in_mode, self._mode_bucket = mode, 0, bucket
-            self._probe_interval_now = self.probe_interval
+            self._reset_probe_interval()
         self._steps_in_mode += 1
         self._num_decisions += 1
         explored = chosen != mode
@@ -559,7 +568,11 @@ class ThroughputPolicy:
         )
         if easier and self._mode == PLAIN:
             # Traffic easier than any before: speculation may pay where it would not.
-            self._probe_interval_now = self.probe_interval
+            self._reset_probe_interval()
+
+    def _reset_probe_interval(self) -> None:
+        self._probe_interval_now = self.probe_interval
+        self._probe_due = None
 
     def get_state(self) -> Dict[str, object]:
         """For /server_info: the learned table, the acceptance, the current gain."""
@@ -773,6 +786,14 @@ def mark_plain_step(batch: ScheduleBatch, plain: bool) -> None:
     batch.spec_plain_step = plain
 
 
+def steps_by_mode(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
+    """Decode steps by mode, "spec" and "plain", from the counts by (mode, reason)."""
+    totals = {"spec": 0, "plain": 0}
+    for (mode, _), n in step_counts.items():
+        totals[mode] += n
+    return totals
+
+
 def steps_by_reason(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
     """Decode steps by (mode, reason) as ``mode/reason`` keys, for /server_info."""
     return {f"{mode}/{reason}": n for (mode, reason), n in step_counts.items()}
@@ -780,7 +801,7 @@ def steps_by_reason(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
 
 class ThroughputSpecPolicy:
     """``--speculative-disable-batch-threshold auto``: the scheduler's per-step
-    policy (the interface of spec_policy.SpecPolicy) on a ThroughputPolicy between
+    policy (a spec_policy.LoadAwarePolicy) on a ThroughputPolicy between
     the plain step and the server's speculative step counts: its
     ``--speculative-num-steps``, or with ``--speculative-adaptive`` every candidate
     step count the server captured (``sets_step_count``: the worker then runs the
@@ -796,7 +817,6 @@ class ThroughputSpecPolicy:
     def __init__(
         self,
         speculative_steps: Sequence[int],
-        initial_steps: int,
         sets_step_count: bool,
         max_batch_size: int,
         min_dwell_steps: int,
@@ -807,18 +827,17 @@ class ThroughputSpecPolicy:
     ):
         if fold_interval < 1:
             raise ValueError(f"fold_interval must be >= 1, got {fold_interval}")
-        if initial_steps not in speculative_steps or PLAIN in speculative_steps:
+        if not speculative_steps or PLAIN in speculative_steps:
             raise ValueError(
-                f"initial_steps {initial_steps} must be one of the speculative "
-                f"step counts {list(speculative_steps)}, all above 0"
+                f"the speculative step counts {list(speculative_steps)} must be "
+                "one or more, all above 0"
             )
         buckets = power_of_two_buckets(max_batch_size)
         modes = [PLAIN, *sorted(speculative_steps)]
-        self.initial_steps = initial_steps
         self.sets_step_count = sets_step_count
         self.policy = ThroughputPolicy(
             StepCosts.unmeasured(modes, buckets),
-            AcceptanceEstimate(speculative_steps, {initial_steps: 1.0}),
+            AcceptanceEstimate(speculative_steps, {max(speculative_steps): 1.0}),
             min_dwell_steps=min_dwell_steps,
             **policy_kwargs,
         )
@@ -828,8 +847,8 @@ class ThroughputSpecPolicy:
         self.fold_interval = fold_interval
         self.trace = trace
         self._plans = 0
-        # The running batch's size at the last plan: what its last launch ran.
-        self._planned_size: Optional[int] = None
+        # The running batch's size and mode at the last plan: what its last launch ran.
+        self._planned: Optional[Tuple[int, int]] = None
 
     @property
     def speculating(self) -> bool:
@@ -848,24 +867,25 @@ class ThroughputSpecPolicy:
             counts[key] = counts.get(key, 0) + n
         return counts
 
+    @property
+    def planned_num_steps(self) -> Optional[int]:
+        """The mode of the last decided step (None before the first)."""
+        return None if self._planned is None else self._planned[1]
+
     def plan_decode_step(self, batch: ScheduleBatch) -> None:
         """Decide the mode of ``batch``'s next decode step (before its memory check).
 
         batch: the running ScheduleBatch; its ``forward_mode``, ``forward_iter``,
         ``launch_ts`` and ``spec_plain_step`` still describe its last launch (a
         prefill's, for a batch made by one: not timed)."""
-        batch_size = batch.batch_size()
-        launched_size, self._planned_size = self._planned_size, batch_size
         if (
-            launched_size is not None
+            self._planned is not None
             and batch.launch_ts is not None
             and batch.forward_mode.is_decode()
         ):
+            launched_size, launched_mode = self._planned
             sample = self.timer.record(
-                batch.forward_iter,
-                batch.launch_ts,
-                self._launched_mode(batch),
-                launched_size,
+                batch.forward_iter, batch.launch_ts, launched_mode, launched_size
             )
             if sample is not None:
                 if self.trace is not None:
@@ -879,7 +899,9 @@ class ThroughputSpecPolicy:
         if self._plans % self.fold_interval == 0:
             self.pending.fold_into(self.policy, self.reduce)
 
+        batch_size = batch.batch_size()
         decision = self.policy.decide(batch_size)
+        self._planned = (batch_size, decision.num_steps)
         if self.trace is not None:
             self.trace.decision(batch_size, decision)
         if decision.toggled:
@@ -894,13 +916,6 @@ class ThroughputSpecPolicy:
         if self.sets_step_count:
             batch.spec_num_steps = decision.num_steps
 
-    def _launched_mode(self, batch: ScheduleBatch) -> int:
-        """The mode of the batch's last launch (spec_num_steps is None while the
-        policy has not chosen a step count for it)."""
-        if batch.spec_plain_step:
-            return PLAIN
-        return batch.spec_num_steps or self.initial_steps
-
     def observe_verify(
         self, num_steps: int, num_correct_drafts_per_req: List[int]
     ) -> None:
@@ -914,15 +929,12 @@ class ThroughputSpecPolicy:
 
     def get_state(self) -> Dict[str, object]:
         step_counts = self.step_counts
+        steps = steps_by_mode(step_counts)
         return {
             "policy": "auto",
             "speculating": self.speculating,
-            "num_spec_steps": sum(
-                n for (m, _), n in step_counts.items() if m == "spec"
-            ),
-            "num_plain_steps": sum(
-                n for (m, _), n in step_counts.items() if m == "plain"
-            ),
+            "num_spec_steps": steps["spec"],
+            "num_plain_steps": steps["plain"],
             "fold_interval": self.fold_interval,
             **self.policy.get_state(),
             "steps_by_reason": steps_by_reason(step_counts),

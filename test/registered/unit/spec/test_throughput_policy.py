@@ -1,8 +1,8 @@
 """The throughput policy of load-aware speculation (srt/speculative/throughput_policy.py):
 each decode step runs the mode with the best expected tokens per second.
 
-Pure Python: no server, no model loading, no GPU. The cost tables are fixtures of the
-shape a startup profile has (seconds per captured batch size), not measurements.
+Pure Python: no server, no model loading, no GPU. The cost tables are fixtures (seconds
+per batch bucket, as the server learns them from its decode steps), not measurements.
 """
 
 import threading
@@ -506,7 +506,6 @@ class TestThroughputSpecPolicy(CustomTestCase):
         self, reduce=list, fold_interval=1, **kwargs
     ) -> ThroughputSpecPolicy:
         kwargs.setdefault("speculative_steps", [3])
-        kwargs.setdefault("initial_steps", 3)
         kwargs.setdefault("sets_step_count", False)
         return ThroughputSpecPolicy(
             max_batch_size=256,
@@ -537,7 +536,8 @@ class TestThroughputSpecPolicy(CustomTestCase):
         for _ in range(num_steps):
             policy.plan_decode_step(batch)
             plain = batch.spec_plain_step
-            mode = PLAIN if plain else batch.spec_num_steps or 3
+            mode = policy.planned_num_steps
+            self.assertEqual(plain, mode == PLAIN)
             chosen.append(mode if policy.sets_step_count else plain)
             clock["forward"] += 1
             clock["t"] += seconds(mode) if callable(seconds) else seconds[mode]
@@ -666,6 +666,13 @@ class TestThroughputSpecPolicy(CustomTestCase):
         self.assertAlmostEqual(state["step_costs_seconds"]["1"][64], 0.024)
         self.assertAlmostEqual(state["accept_length"]["1"], 2.0)
         self.assertAlmostEqual(state["accept_length"]["3"], 3.0)
+
+    def test_refuses_step_counts_it_cannot_run(self):
+        for bad in ([], [PLAIN, 3]):
+            with self.assertRaises(ValueError):
+                self.spec_policy(speculative_steps=bad)
+        with self.assertRaises(ValueError):
+            self.spec_policy(fold_interval=0)
 
     def test_a_batch_made_by_a_prefill_is_not_timed(self):
         policy = self.spec_policy()
