@@ -28,7 +28,7 @@ fast as its always-on reference, from the records of the two configs run before 
 
 --bench-serving also runs upstream's own client (python -m sglang.benchmark.serving, the
 old sglang.bench_serving) at each point's C against the same server, offline;
---bench-serving 16,128 only at those C (each run of it costs tens of seconds).
+--bench-serving 16,128 only at those C.
 
 The decode rate at a steady running batch, instead of the sweep and the ramp (into the
 same records):

@@ -244,7 +244,8 @@ def phases_of_trace(records: Sequence[dict]) -> Phases:
 
 def trace_buckets(records: Sequence[dict]) -> List[int]:
     """The server's batch buckets (powers of two) at which the trace timed every
-    mode it ran; a step at another batch size costs what the next bucket up costs."""
+    mode it ran; a step of a batch in another bucket costs what the policy's step
+    costs price it at from these (StepCosts.estimate)."""
     steps = step_records(records)
     buckets = power_of_two_buckets(max(r["batch_size"] for r in steps))
     timed: Dict[int, set] = {}
@@ -262,9 +263,10 @@ def trace_buckets(records: Sequence[dict]) -> List[int]:
 def environment_from_trace(
     records: Sequence[dict], batch_sizes: Sequence[int]
 ) -> Environment:
-    """Median seconds per (mode, batch bucket) of the timed steps; the acceptance
-    timeline from the verifies (their per-token acceptance, forward-filled), each
-    at the time of the timed steps before it."""
+    """Median seconds per (mode, batch bucket) of the timed steps in
+    ``batch_sizes`` (the others' steps price no bucket); the acceptance timeline
+    from the verifies (their per-token acceptance, forward-filled), each at the
+    time of the timed steps before it."""
     samples: Dict[Tuple[int, int], List[float]] = {}
     acceptance: List[Tuple[float, float]] = []
     now = 0.0
@@ -273,9 +275,9 @@ def environment_from_trace(
             continue
         mode = record["num_steps"]
         if "seconds" in record:
-            bs = record["batch_size"]
-            bucket = next((b for b in batch_sizes if b >= bs), batch_sizes[-1])
-            samples.setdefault((mode, bucket), []).append(record["seconds"])
+            bucket = bucket_of(record["batch_size"])
+            if bucket in batch_sizes:
+                samples.setdefault((mode, bucket), []).append(record["seconds"])
             now += record["seconds"]
         else:
             per_request = record["num_tokens"] / record["num_requests"]

@@ -23,7 +23,7 @@ import glob
 import json
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set
 
 import aiohttp
 from sweep.cli import (
@@ -41,13 +41,13 @@ from sweep.server import serving
 from trace_summary import format_summary, load_written_events, summarize_trace
 
 
-def workload_suffix(args) -> str:
+def workload_suffix(args: argparse.Namespace) -> str:
     """Names the traces and summaries of --closed-loop runs apart."""
     return "-closed-loop" if args.closed_loop else ""
 
 
 async def profile_at(
-    args,
+    args: argparse.Namespace,
     config: Config,
     prompts: PromptSource,
     concurrency: int,
@@ -59,6 +59,7 @@ async def profile_at(
         "profiles",
         f"{config.name}-c{concurrency}{workload_suffix(args)}",
     )
+    earlier_traces = set(rank0_traces(profile_dir))
     # The closed loop draws from the endless source until the profile is written.
     load_prompts = prompts if args.closed_loop else prompts.take(concurrency)
     load = asyncio.create_task(
@@ -81,17 +82,24 @@ async def profile_at(
         async with session.post(f"{args.url}/start_profile", json=request) as response:
             response.raise_for_status()
     try:
-        return await wait_for_trace(profile_dir, load)
+        return await wait_for_trace(profile_dir, earlier_traces, load)
     finally:
         load.cancel()  # the server aborts requests whose client went away
         await asyncio.gather(load, return_exceptions=True)
 
 
-async def wait_for_trace(profile_dir: str, load: asyncio.Task, timeout=120) -> str:
-    """The rank-0 trace, once the server has written it; the load must still run."""
+def rank0_traces(profile_dir: str) -> List[str]:
+    return glob.glob(os.path.join(profile_dir, "*TP-0*.trace.json.gz"))
+
+
+async def wait_for_trace(
+    profile_dir: str, earlier: Set[str], load: asyncio.Task, timeout: float = 120
+) -> str:
+    """The rank-0 trace the server writes next (not one of ``earlier``, an earlier
+    run's); the load must still run."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        traces = glob.glob(os.path.join(profile_dir, "*TP-0*.trace.json.gz"))
+        traces = [t for t in rank0_traces(profile_dir) if t not in earlier]
         if traces:
             return traces[0]
         if load.done():
@@ -102,7 +110,9 @@ async def wait_for_trace(profile_dir: str, load: asyncio.Task, timeout=120) -> s
     raise RuntimeError(f"no trace written into {profile_dir}")
 
 
-def profile_config(args, config: Config, target, draft, out_dir: str) -> List[dict]:
+def profile_config(
+    args: argparse.Namespace, config: Config, target: str, draft: str, out_dir: str
+) -> List[dict]:
     prompts = PromptSource(args.input_len)
     with serving(args, config, target, draft, prompts, args.concurrency) as launched:
         profiles = []

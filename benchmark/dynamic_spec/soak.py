@@ -46,6 +46,7 @@ from sglang.test.synthetic_spec_models import (
 )
 
 CONCURRENCY_LEVELS = (1, 2, 8, 32, 64, 128, 256)
+GPU_SAMPLE_SECONDS = 10.0
 CONTEXT_MARGIN = 64
 KINDS = ("plain", "logprob", "stop", "grammar")
 TOKEN_TEXT = re.compile(r"w(\d+)")
@@ -74,7 +75,7 @@ class RequestMaker:
         max_prompt_len: int,
         max_output_len: int,
         context_len: int,
-    ):
+    ) -> None:
         self.token_map = token_map
         self.rng = rng
         self.kinds, self.weights = zip(*kind_weights.items())
@@ -187,15 +188,17 @@ def concurrency_schedule(
 ) -> List[int]:
     """One level per phase, each different from the last; the first and the last 1,
     the maximum at least once (in the middle unless drawn)."""
-    levels = [c for c in CONCURRENCY_LEVELS if c <= max_concurrency]
-    if max_concurrency not in levels:
-        levels.append(max_concurrency)
-    schedule = [1]
-    while len(schedule) * phase_seconds < seconds - phase_seconds:
-        schedule.append(rng.choice([c for c in levels if c != schedule[-1]]))
-    if max_concurrency not in schedule and len(schedule) > 1:
-        schedule[len(schedule) // 2 or 1] = max_concurrency
-    return schedule + [1]
+    if max_concurrency < 2:
+        raise ValueError("a soak moves between 1 and --max-concurrency: give 2 or more")
+    levels = [c for c in CONCURRENCY_LEVELS if c < max_concurrency] + [max_concurrency]
+    middle: List[int] = []
+    for _ in range(max(1, round(seconds / phase_seconds) - 2)):
+        middle.append(rng.choice([c for c in levels if c != (middle or [1])[-1]]))
+    if middle[-1] == 1:
+        middle.pop()  # the last phase is one client anyway
+    if max_concurrency not in middle:
+        middle[len(middle) // 2] = max_concurrency
+    return [1, *middle, 1]
 
 
 def nvidia_smi_numbers(query: str) -> List[List[int]]:
@@ -232,7 +235,7 @@ class Soak:
         make_request: RequestMaker,
         schedule: List[int],
         server_pid: Optional[int] = None,
-    ):
+    ) -> None:
         self.url = url
         self.server_pid = server_pid
         self.make_request = make_request
@@ -242,7 +245,7 @@ class Soak:
         self.counts: Dict[str, Dict[str, int]] = {}
         self.problems: List[str] = []
 
-    async def run(self, phase_seconds: float, gpu_sample_seconds: float) -> List[dict]:
+    async def run(self, phase_seconds: float) -> List[dict]:
         gpu: List[dict] = []
         began = time.monotonic()
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2)
@@ -255,11 +258,11 @@ class Soak:
             for level in self.schedule:
                 self.level = level
                 phase_end = time.monotonic() + phase_seconds
-                while time.monotonic() < phase_end:
-                    used = gpu_memory_used_mib(self.server_pid)
+                while (left := phase_end - time.monotonic()) > 0:
+                    used = await asyncio.to_thread(gpu_memory_used_mib, self.server_pid)
                     if used is not None:
                         gpu.append({"t": round(time.monotonic() - began), "mib": used})
-                    await asyncio.sleep(min(gpu_sample_seconds, phase_seconds))
+                    await asyncio.sleep(min(GPU_SAMPLE_SECONDS, left))
             self.done = True
             await asyncio.gather(*clients)
         return gpu
@@ -369,7 +372,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     )
     before = server_metrics(args.url)
     soak = Soak(args.url, make_request, schedule, args.server_pid)
-    gpu = asyncio.run(soak.run(args.phase_seconds, gpu_sample_seconds=10.0))
+    gpu = asyncio.run(soak.run(args.phase_seconds))
     after = server_metrics(args.url)
     summary = {
         "minutes": args.minutes,

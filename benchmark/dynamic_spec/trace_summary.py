@@ -299,6 +299,8 @@ def main() -> None:
     parser.add_argument("trace")
     parser.add_argument("--steps", type=int, default=1, help="decode steps profiled")
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps needs 1 or more")
     print(format_summary(summarize_trace(load_events(args.trace), args.steps)))
 
 

@@ -73,7 +73,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--concurrency",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=positive_ints,
         default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
     )
     parser.add_argument(
@@ -179,11 +179,30 @@ def generated_pair(
     preset: str, draft_accept: Union[float, Tuple[float, ...]]
 ) -> Tuple[str, str]:
     """synthetic_pair, generated in a child process where missing: generating on the
-    GPU leaves a CUDA context (~0.5 GB) in the process that did it, which the servers
+    GPU leaves a CUDA context in the process that did it, which the servers
     started next would then lose from their KV pool."""
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
         return child.submit(synthetic_pair, preset, draft_accept).result()
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"needs 1 or more, got {text}")
+    return value
+
+
+def positive_ints(text: str) -> List[int]:
+    """A comma-separated list of positive integers: concurrencies, batch sizes."""
+    return [positive_int(x) for x in text.split(",")]
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"needs more than 0, got {text}")
+    return value
 
 
 def spread_fraction(text: str) -> float:
@@ -202,7 +221,7 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
     parser.add_argument("--min-requests", type=int, default=16)
     parser.add_argument(
         "--min-point-seconds",
-        type=float,
+        type=positive_float,
         default=10.0,
         help="repeat a point's requests until it has run this long (short points are noisy)",
     )
@@ -225,7 +244,7 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=positive_int,
         default=1,
         help="measurements per point and of the ramp (median, spread)",
     )
@@ -233,7 +252,7 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
         "--bench-serving",
         nargs="?",
         const=[],
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=positive_ints,
         metavar="C,...",
         help="after each point (only those at the C listed, if any), also run "
         "upstream's bench_serving at its C against "
@@ -245,7 +264,7 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--decode-rate",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=positive_ints,
         metavar="B1,B2,...",
         help="instead of the sweep and the ramp: the decode rate at each steady "
         "running batch B (B requests of --decode-output-len tokens at once; output "
@@ -254,7 +273,7 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
     parser.add_argument("--decode-output-len", type=int, default=1024)
     parser.add_argument(
         "--ramp",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=positive_ints,
         default=[1, 4, 16, 64, 128],
     )
     parser.add_argument("--ramp-phase-seconds", type=float, default=10.0)
@@ -267,7 +286,7 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--servers",
-        type=int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="measure each config in N fresh servers, the configs taking turns "

@@ -53,7 +53,7 @@ def build_configs(
     disable_threshold: int, per_config: Optional[Dict[str, int]] = None
 ) -> Dict[str, Config]:
     """per_config: disable thresholds of named load-aware configs (the others get
-    disable_threshold, the plain-* configs 2)."""
+    disable_threshold, the plain-* configs 2, the auto-* configs "auto")."""
 
     def load_aware(
         name: str,

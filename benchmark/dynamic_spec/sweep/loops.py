@@ -118,12 +118,12 @@ async def steady_loop(
     )
 
 
-def output_lengths(output_len: int, spread: float, seed: int = 0) -> Iterator[int]:
+def output_lengths(output_len: int, spread: float) -> Iterator[int]:
     """Endless output lengths: output_len, or with spread > 0 drawn uniformly from
     output_len * [1 - spread, 1 + spread]. With one length, requests that a stall
     lined up (sent together once it ended) finish together every request lifetime
     after it, and their replacements prefill together; varied lengths part them."""
-    rng = random.Random(seed)
+    rng = random.Random(0)
     while True:
         if not spread:
             yield output_len

@@ -7,10 +7,10 @@ import contextlib
 import fcntl
 import json
 import os
-import statistics
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from sweep.configs import KNOWN_CONFIGS
+from sweep.stats import median_with_spread
 
 
 def finished(record: Optional[dict]) -> bool:
@@ -40,12 +40,18 @@ def record_key(record: dict) -> str:
     return f"{record['config']}@server{server}" if server else record["config"]
 
 
-def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dict]:
+def merge_record(
+    out_dir: str,
+    record: dict,
+    header: Dict[str, str],
+    then: Optional[Callable[[List[dict]], None]] = None,
+) -> List[dict]:
     """Add a config's record to raw.json, replacing an older record of it (of the
     same server) unless that one is finished and this one is not; returns all
-    records, in config order. A record of --decode-rate (its decode_rate section
-    only, no points) replaces only the older record's section; a sweep's record
-    keeps it."""
+    records, in config order, after passing them to ``then`` while raw.json is
+    still locked (so that what it writes from them is not overtaken by an older
+    merge). A record of --decode-rate (its decode_rate section only, no points)
+    replaces only the older record's section; a sweep's record keeps it."""
     name = record_key(record)
     with results_lock(out_dir):
         records = records_by_config(out_dir)
@@ -59,6 +65,8 @@ def merge_record(out_dir: str, record: dict, header: Dict[str, str]) -> List[dic
         merged = sorted(records.values(), key=config_order)
         with open(os.path.join(out_dir, "raw.json"), "w") as f:
             json.dump({"model": header["model"], "records": merged}, f, indent=1)
+        if then is not None:
+            then(merged)
     return merged
 
 
@@ -104,12 +112,9 @@ def pooled_record(group: List[dict]) -> dict:
 def pooled_rates(measured: List[dict]) -> dict:
     """A point (or ramp) measured in several servers: the first's fields, with
     output tok/s the median over the servers and their min and max."""
-    rates = sorted(m["output_tok_s"] for m in measured)
     return {
         **measured[0],
-        "output_tok_s": statistics.median(rates),
-        "output_tok_s_min": rates[0],
-        "output_tok_s_max": rates[-1],
+        **median_with_spread(m["output_tok_s"] for m in measured),
         "servers_output_tok_s": [m["output_tok_s"] for m in measured],
     }
 

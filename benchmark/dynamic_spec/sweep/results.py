@@ -11,7 +11,7 @@ import sys
 from typing import Callable, Dict, List
 
 from sglang.test.spec_engine_utils import acceptance_label
-from sweep.configs import KNOWN_CONFIGS
+from sweep.configs import KNOWN_CONFIGS, REPO_ROOT
 from sweep.records import finished, merge_record, pooled_records, swept_records
 from sweep.server import visible_gpu_query
 from sweep.tables import results_markdown
@@ -45,18 +45,26 @@ def describe_run(model: str) -> Dict[str, str]:
 
 def git_commit() -> str:
     """HEAD, marked "-dirty" when tracked files differ from it: the code that ran is not HEAD's."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
+    )
     if head.returncode != 0:
         return "unknown"
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode != 0
+    dirty = (
+        subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=REPO_ROOT).returncode
+        != 0
+    )
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def record_saver(out_dir: str, header: Dict[str, str]) -> Callable[[dict], None]:
-    """save(record) for run_config: merged into raw.json, the results rewritten."""
+    """save(record) for the runs of a config: merged into raw.json, the results
+    rewritten from the merged records."""
 
     def save(record: dict) -> None:
-        write_results(out_dir, merge_record(out_dir, record, header))
+        merge_record(
+            out_dir, record, header, then=lambda merged: write_results(out_dir, merged)
+        )
 
     return save
 

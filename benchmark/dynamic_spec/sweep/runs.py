@@ -42,8 +42,9 @@ def run_config(
     server: int = 0,
 ) -> None:
     """Measure a config in a fresh server (the server-th of --servers); save() gets
-    its record after every point (before its bench_serving runs, and again after)
-    and after the ramp, so a run cut off keeps the points it finished."""
+    its record after every point (before its bench_serving runs, and again after),
+    after the ramp and after the content shift, so a run cut off keeps the points
+    it finished."""
     prompts = PromptSource(args.input_len, seed=server)
     suffix = f"-server{server}" if server else ""
     log_path = server_log_path(log_dir, f"{config.name}{suffix}")

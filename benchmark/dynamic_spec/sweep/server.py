@@ -41,12 +41,16 @@ def visible_gpu_query(field: str) -> List[str]:
     return result.stdout.strip().splitlines() if result.returncode == 0 else []
 
 
-def wait_gpu_idle(max_used_mib: int = 2048, timeout: float = 120) -> None:
+# A GPU holding more is still serving (a previous server not gone yet).
+IDLE_GPU_MAX_USED_MIB = 2048
+
+
+def wait_gpu_idle(timeout: float = 120) -> None:
     """Wait until the GPUs this process may use hold no other server."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         used = visible_gpu_query("memory.used")
-        if used and max(int(u) for u in used) <= max_used_mib:
+        if used and max(int(u) for u in used) <= IDLE_GPU_MAX_USED_MIB:
             return
         time.sleep(2)
     raise RuntimeError("GPU still busy: the previous server did not exit")
@@ -63,6 +67,18 @@ def backend_env(args: argparse.Namespace) -> Dict[str, str]:
     }
 
 
+def largest_load(args: argparse.Namespace) -> int:
+    """The most requests any load of the run keeps in flight: its points, ramp,
+    content shift or steady decode batches."""
+    loads = [
+        *args.concurrency,
+        *(getattr(args, "ramp", None) or []),
+        getattr(args, "content_shift", None) or 0,
+        *(getattr(args, "decode_rate", None) or []),
+    ]
+    return max(loads)
+
+
 def config_server_args(
     args: argparse.Namespace, config: Config, draft: str
 ) -> List[str]:
@@ -70,7 +86,7 @@ def config_server_args(
     The servers keep their tokenizer, as deployments do: upstream's bench_serving
     counts and times only streamed text, and every call of a sweep, with
     --bench-serving or without, then runs the same front end."""
-    max_bs = max([*args.concurrency, *(getattr(args, "decode_rate", None) or [])])
+    max_bs = largest_load(args)
     server_args = cli_args(
         dict(
             attention_backend=args.attention_backend,

@@ -15,12 +15,15 @@ QUIET_RATE_FRACTION = 0.25
 
 
 def percentile(values: List[float], q: float) -> float:
+    """The q-quantile, interpolated between the nearest ranks as numpy.percentile
+    (and so bench_serving) computes it; nan without values."""
     ordered = sorted(values)
-    return (
-        ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-        if ordered
-        else float("nan")
-    )
+    if not ordered:
+        return float("nan")
+    position = q * (len(ordered) - 1)
+    lower = int(position)
+    upper = min(lower + 1, len(ordered) - 1)
+    return ordered[lower] + (position - lower) * (ordered[upper] - ordered[lower])
 
 
 def mean(values: List[float]) -> float:
@@ -61,6 +64,8 @@ def quiet_share(
                 bin_index = min(int((at - start) / width), num_bins - 1)
                 streamed[bin_index] += tokens - before
             before = tokens
+    if not any(streamed):
+        return 1.0
     quiet = QUIET_RATE_FRACTION * sum(streamed) / num_bins
     return sum(tokens < quiet for tokens in streamed) / num_bins
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from sweep.records import finished, steady_decode, swept_records
 from sweep.stats import (
@@ -291,7 +291,9 @@ def decode_rate_table(records: List[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def same_kv_tokens_note(section: dict, nospec_windows: List[dict], batch: int) -> str:
+def same_kv_tokens_note(
+    section: dict, nospec_windows: Optional[List[dict]], batch: int
+) -> str:
     windows = section.get("decode_windows")
     if not windows or not nospec_windows or windows is nospec_windows:
         return ""

@@ -164,15 +164,7 @@ def run_ramp(args: argparse.Namespace, config: Config, prompts: PromptSource) ->
         ramp_rates(args, config, prompts, phases, run) for run in range(args.repeats)
     ]
     return {
-        "config": config.name,
-        **median_with_spread(total for total, _ in runs),
-        "phases": [
-            {
-                "concurrency": concurrency,
-                "output_tok_s": statistics.median(rates[i] for _, rates in runs),
-            }
-            for i, concurrency in enumerate(phases)
-        ],
+        **phased_summary(config, runs, [{"concurrency": c} for c in phases]),
         "spec_step_share": spec_step_share(config, before, server_state(args.url)),
     }
 
@@ -194,15 +186,22 @@ def run_content_shift(args: argparse.Namespace, config: Config, target: str) -> 
         for run in range(args.repeats)
     ]
     return {
-        "config": config.name,
         "concurrency": args.content_shift,
+        **phased_summary(config, runs, [{"prompts": p} for p in ("easy", "hard")]),
+    }
+
+
+def phased_summary(
+    config: Config, runs: List[Tuple[float, List[float]]], phases: List[dict]
+) -> dict:
+    """Runs of a phased load ((total tok/s, tok/s per phase) each): the median
+    total with its spread, and per phase (described by ``phases``) the median."""
+    return {
+        "config": config.name,
         **median_with_spread(total for total, _ in runs),
         "phases": [
-            {
-                "prompts": prompts,
-                "output_tok_s": statistics.median(r[i] for _, r in runs),
-            }
-            for i, prompts in enumerate(("easy", "hard"))
+            {**phase, "output_tok_s": statistics.median(r[i] for _, r in runs)}
+            for i, phase in enumerate(phases)
         ],
     }
 

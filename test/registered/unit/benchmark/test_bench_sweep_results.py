@@ -71,7 +71,7 @@ class TestBenchSweepResults(CustomTestCase):
         point = sweep.stats.summarize([self.closed_run(results, 2.0)])
         self.assertAlmostEqual(point["output_tok_s"], 16.0)
         self.assertAlmostEqual(point["tpot_p50_ms"], 100.0)
-        self.assertAlmostEqual(point["ttft_p99_ms"], 200.0)
+        self.assertAlmostEqual(point["ttft_p99_ms"], 199.0)  # interpolated
         self.assertAlmostEqual(point["ttft_mean_ms"], 150.0)
         self.assertAlmostEqual(point["latency_mean_ms"], 1650.0)
         self.assertAlmostEqual(point["accept_length"], 2.0)
@@ -294,6 +294,29 @@ class TestBenchSweepResults(CustomTestCase):
                 io.StringIO()
             ):
                 parse(*flags)
+
+    def test_profile_decode_waits_for_a_trace_of_its_own(self):
+        profile_decode = load_benchmark_script("profile_decode")
+
+        async def profile(profile_dir: str) -> str:
+            earlier = set(profile_decode.rank0_traces(profile_dir))
+            load = asyncio.create_task(asyncio.sleep(30))
+
+            async def server_writes_trace():
+                await asyncio.sleep(0.6)
+                Path(profile_dir, "auto-2-TP-0.trace.json.gz").write_bytes(b"")
+
+            writing = asyncio.create_task(server_writes_trace())
+            try:
+                return await profile_decode.wait_for_trace(profile_dir, earlier, load)
+            finally:
+                load.cancel()
+                await writing
+
+        with tempfile.TemporaryDirectory() as profile_dir:
+            Path(profile_dir, "auto-1-TP-0.trace.json.gz").write_bytes(b"")
+            trace = asyncio.run(profile(profile_dir))
+        self.assertEqual(os.path.basename(trace), "auto-2-TP-0.trace.json.gz")
 
     def against_server(self, generate, load, routes=None):
         """Runs load(url) against a local server whose /generate is generate (or
@@ -766,6 +789,13 @@ class TestBenchSweepResults(CustomTestCase):
         # Only the window counts.
         self.assertAlmostEqual(sweep.stats.quiet_share(waves, 0.5, 3.5), 1 / 3)
         self.assertEqual(sweep.stats.quiet_share(waves, 2.0, 4.0), 0.0)
+        # A window in which nothing streamed was quiet all along.
+        self.assertEqual(sweep.stats.quiet_share(waves, 1.0, 2.0), 1.0)
+
+    def test_percentiles_are_interpolated_as_numpy_and_bench_serving_do(self):
+        self.assertEqual(sweep.stats.percentile([2, 1], 0.5), 1.5)
+        self.assertAlmostEqual(sweep.stats.percentile(list(range(1, 101)), 0.99), 99.01)
+        self.assertEqual(sweep.stats.percentile([7], 0.99), 7)
 
     def test_a_repeated_ramp_reports_medians_and_the_spread_of_its_total(self):
         # Phases 1 -> 4 -> 1 of 1 s; run k finishes 10k / 20k / 30k tokens in them.
@@ -820,7 +850,10 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(pair, synthetic_pair("tiny", 0.8))
 
     def test_the_recorded_commit_says_when_the_code_that_ran_is_not_heads(self):
-        with tempfile.TemporaryDirectory() as repo, contextlib.chdir(repo):
+        # The repository of the benchmark, wherever it is run from.
+        with tempfile.TemporaryDirectory() as repo, contextlib.chdir(
+            repo
+        ), mock.patch.object(sweep.results, "REPO_ROOT", repo):
             git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
             subprocess.run(git + ["init", "-q"], check=True)
             Path("bench.py").write_text("a")
@@ -856,6 +889,16 @@ class TestBenchSweepResults(CustomTestCase):
         )
         self.assertIn("--tp-size 2 --cuda-graph-max-bs 64 ", flags)
         self.assertIn("--max-running-requests 65 ", flags)
+        # the ramp and the content shift run on the same servers
+        for load in (dict(ramp=[1, 128]), dict(content_shift=96)):
+            sized = argparse.Namespace(**{**vars(args), **load})
+            top = max(load.get("ramp", [load.get("content_shift")]))
+            self.assertIn(
+                f"--cuda-graph-max-bs {top} ",
+                " ".join(
+                    sweep.server.config_server_args(sized, configs["nospec"], "/d")
+                ),
+            )
         self.assertIn("--enable-metrics --stream-interval 1", flags)
         self.assertNotIn("--skip-tokenizer-init", flags)
         args.stream_interval = 8
@@ -1620,6 +1663,26 @@ class TestBenchSweepResults(CustomTestCase):
 
     def merge(self, out_dir: str, record: dict, commit: str = "abc") -> list:
         return sweep.records.merge_record(out_dir, record, self.header(commit))
+
+    def test_a_saved_record_is_written_out_before_raw_json_is_unlocked(self):
+        """Invocations on other GPUs merge into the same raw.json: the results
+        written from one merge are not overtaken by another's."""
+        import fcntl
+
+        written = []
+
+        def write(out_dir, records):
+            with open(os.path.join(out_dir, "raw.lock"), "w") as lock:
+                with self.assertRaises(BlockingIOError):
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            written.append([r["config"] for r in records])
+
+        with tempfile.TemporaryDirectory() as out_dir:
+            with mock.patch.object(sweep.results, "write_results", write):
+                save = sweep.results.record_saver(out_dir, self.header("abc"))
+                save(self.record("loadaware-topk4", 150.0))
+                save(self.record("nospec", 100.0))
+        self.assertEqual(written, [["loadaware-topk4"], ["nospec", "loadaware-topk4"]])
 
     def test_write_results_produces_summary_table_and_plot(self):
         with tempfile.TemporaryDirectory() as out_dir:

@@ -165,12 +165,17 @@ class TestSoak(CustomTestCase):
     def test_the_concurrency_moves_between_one_and_the_maximum(self):
         import random
 
-        for seed in range(20):
-            schedule = soak.concurrency_schedule(random.Random(seed), 600, 30, 256)
-            self.assertEqual((schedule[0], schedule[-1]), (1, 1))
-            self.assertEqual(len(schedule), 20)
-            self.assertTrue(all(a != b for a, b in zip(schedule, schedule[1:-1])))
-            self.assertEqual(max(schedule), 256, f"seed {seed}: {schedule}")
+        for seconds, max_concurrency in ((600, 256), (600, 2), (45, 256)):
+            for seed in range(200):
+                schedule = soak.concurrency_schedule(
+                    random.Random(seed), seconds, 30, max_concurrency
+                )
+                self.assertEqual((schedule[0], schedule[-1]), (1, 1))
+                self.assertIn(len(schedule), (19, 20) if seconds == 600 else (3,))
+                self.assertTrue(all(a != b for a, b in zip(schedule, schedule[1:])))
+                self.assertEqual(max(schedule), max_concurrency, schedule)
+        with self.assertRaises(ValueError):
+            soak.concurrency_schedule(random.Random(0), 600, 30, 1)
 
 
 if __name__ == "__main__":
