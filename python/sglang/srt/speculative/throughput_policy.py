@@ -215,10 +215,10 @@ class AcceptanceEstimate:
     """Tokens per verify step (accepted drafts + the bonus token), per step count.
 
     Each step count's estimate is the mean of its first ``1 / ema_alpha`` verify
-    steps, then an EMA over them. A step count not
-    verified within the last ``stale_after`` verify steps (the traffic may have
-    changed since) is predicted, as one never verified, from the per-token
-    acceptance of a chain fitted to the freshest one."""
+    steps, then an EMA over them. A step count not verified within the last
+    ``stale_after`` verify steps (the traffic may have changed since) is predicted,
+    as one never verified, from the per-token acceptance of a chain fitted to the
+    nearest fresh one."""
 
     def __init__(
         self,
@@ -260,8 +260,7 @@ class AcceptanceEstimate:
             return False
         sample = num_tokens / num_requests
         best_before = self.best(num_steps)
-        verifies_before = self._verifies_of.get(num_steps, 0)
-        verifies = verifies_before + num_verifies
+        verifies = self._verifies_of.get(num_steps, 0) + num_verifies
         if verifies * self.ema_alpha <= 1:  # the mean of the first ones
             weight = num_verifies / verifies
         else:
@@ -327,10 +326,11 @@ class ThroughputPolicy:
     run at the other mode's throughput. Where a probe can refresh only a step time
     (``_only_a_time_can_go_stale``), the interval is multiplied by the probed mode's
     step time over the current one's (probes take that share of the time, not of the
-    steps) and by the current mode's lead over it (``_lead``), and each probe doubles
-    it, up to ``max_probe_backoff`` times ``probe_interval``; any other probe, a change of mode or, while plain, a new
-    best acceptance resets it. A new mode is held for ``min_dwell_steps`` steps while
-    the batch stays in the bucket it was chosen at.
+    steps) and by the current mode's lead over it (``_lead``), and each probe
+    doubles it, up to ``max_probe_backoff`` times ``probe_interval``; any other
+    probe, a change of mode or, while plain, a new best acceptance resets it. A new
+    mode is held for ``min_dwell_steps`` steps while the batch stays in the bucket
+    it was chosen at.
     """
 
     def __init__(
@@ -374,8 +374,9 @@ class ThroughputPolicy:
         self._steps_in_mode = 0
         self._steps_since_explore = 0
         self._probe_interval_now = probe_interval
-        # The step of the next probe that can refresh only a time, spaced once its
-        # interval has passed (None: not spaced yet).
+        # The steps since the last exploration after which the next probe that can
+        # refresh only a time runs, spaced once its interval has passed (None: not
+        # spaced yet).
         self._probe_due: Optional[int] = None
         self._exploring: Optional[Tuple[int, str]] = None  # (mode, reason)
         self._explore_left = 0
