@@ -355,6 +355,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     unknown = set(kinds) - set(KINDS)
     if unknown:
         parser.error(f"unknown request kinds {sorted(unknown)}; known: {KINDS}")
+    if args.max_concurrency < 2:
+        parser.error(
+            "--max-concurrency: the soak moves between 1 and it, give 2 or more"
+        )
     rng = random.Random(args.seed)
     with open(os.path.join(args.model_dir, "target", "config.json")) as f:
         context_len = json.load(f)["max_position_embeddings"]
