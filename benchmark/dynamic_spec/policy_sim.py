@@ -119,6 +119,11 @@ def step_records(records: Sequence[dict]) -> List[dict]:
     return [r for r in records if "seconds" in r]
 
 
+def decision_records(records: Sequence[dict]) -> List[dict]:
+    """The trace's decisions, one per decode step."""
+    return [r for r in records if "decision" in r]
+
+
 def _decision_gaps(
     records: Sequence[dict], with_prefills: bool = True
 ) -> Tuple[Dict[Tuple[str, int, bool], List[float]], Dict[Tuple[str, int], float]]:
@@ -127,7 +132,7 @@ def _decision_gaps(
     step: the median of its steps not after a switch (steps of different sizes are
     not compared). Without prefills: leaving out the steps after which the running
     batch grew (a prefill ran before the next one)."""
-    decisions = [r for r in records if "decision" in r]
+    decisions = decision_records(records)
     steps: Dict[Tuple[str, int, bool], List[float]] = {}
     previous = None
     for this, following in zip(decisions, decisions[1:]):
@@ -160,7 +165,7 @@ def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
     steps, usual = _decision_gaps(records)
     if not steps:
         return {}
-    decisions = [r for r in records if "decision" in r]
+    decisions = decision_records(records)
     wall = decisions[-1]["t"] - decisions[0]["t"]
     excess = sum(
         sum(after) - len(after) * usual.get((mode, bucket), statistics.median(after))
@@ -209,7 +214,7 @@ def switch_seconds(records: Sequence[dict]) -> float:
     Under the overlap scheduler the gap from a decision to the next is the time of an
     earlier step, so a single switch's excess cannot be told from the other mode's
     step time; over a round trip both modes' steps are counted as often as decided."""
-    decisions = [r for r in records if "decision" in r]
+    decisions = decision_records(records)
     _, usual = _decision_gaps(records, with_prefills=False)
     speculative = [r["decision"] != PLAIN for r in decisions]
     excess = []
@@ -305,7 +310,7 @@ def environment_from_trace(
 def prefill_rates(records: Sequence[dict]) -> Dict[int, float]:
     """Per power-of-two batch bucket, the share of the trace's decode steps before
     which the running batch grew (a prefill had joined it)."""
-    sizes = [r["batch_size"] for r in records if "decision" in r]
+    sizes = [r["batch_size"] for r in decision_records(records)]
     steps: Counter = Counter()
     grown: Counter = Counter()
     for before, size in zip(sizes, sizes[1:]):

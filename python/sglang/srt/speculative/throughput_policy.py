@@ -85,7 +85,9 @@ REASON_CALIBRATE = "calibrate"
 def chain_accept_length(p: float, num_steps: int) -> float:
     """Expected tokens per verify step of a chain whose drafts are each accepted
     with probability p given the previous one was: 1 + p + ... + p^num_steps."""
-    return sum(p**k for k in range(num_steps + 1))
+    if p >= 1.0:
+        return num_steps + 1.0
+    return (1 - p ** (num_steps + 1)) / (1 - p)
 
 
 def fit_chain_acceptance(accept_length: float, num_steps: int) -> float:
@@ -93,7 +95,7 @@ def fit_chain_acceptance(accept_length: float, num_steps: int) -> float:
     ``accept_length`` (clamped to the reachable range [1, num_steps + 1])."""
     target = min(max(accept_length, 1.0), num_steps + 1.0)
     lo, hi = 0.0, 1.0
-    for _ in range(50):
+    while hi - lo > 1e-9:
         mid = (lo + hi) / 2
         if chain_accept_length(mid, num_steps) < target:
             lo = mid
@@ -244,6 +246,9 @@ class AcceptanceEstimate:
         # The highest estimate each step count has had once it averaged over as
         # many verify steps as its EMA does (a lucky first step is not a best).
         self._best: Dict[int, float] = {}
+        # The predictions of the step counts not fresh, until the next observation:
+        # each fits a chain, and the policy asks for every step count at every step.
+        self._predicted: Dict[int, float] = {}
 
     def observe(
         self,
@@ -273,6 +278,7 @@ class AcceptanceEstimate:
         self._last_verify[num_steps] = self._num_verifies
         if verifies * self.ema_alpha >= 1:
             self._best[num_steps] = max(self._best.get(num_steps, new), new)
+        self._predicted.clear()
         return new > best_before
 
     def expected(self, num_steps: int) -> float:
@@ -282,13 +288,26 @@ class AcceptanceEstimate:
             return 1.0
         if self._is_fresh(num_steps):
             return self._observed[num_steps]
+        if num_steps not in self._predicted:
+            self._predicted = self._predictions([*self.step_counts, num_steps])
+        return self._predicted[num_steps]
+
+    def _predictions(self, step_counts: Sequence[int]) -> Dict[int, float]:
+        """The estimates of these step counts from the fresh ones (or the prior),
+        fitting each one's chain at most once."""
         known = {s: e for s, e in self._observed.items() if self._is_fresh(s)}
         known = known or self._prior
-        if num_steps in known:
-            return known[num_steps]
-        nearest = min(known, key=lambda s: (abs(s - num_steps), s))
-        p = fit_chain_acceptance(known[nearest], nearest)
-        return chain_accept_length(p, num_steps)
+        fitted: Dict[int, float] = {}  # per known step count, its chain's p
+        predictions = {}
+        for num_steps in step_counts:
+            if num_steps in known:
+                predictions[num_steps] = known[num_steps]
+                continue
+            nearest = min(known, key=lambda s: (abs(s - num_steps), s))
+            if nearest not in fitted:
+                fitted[nearest] = fit_chain_acceptance(known[nearest], nearest)
+            predictions[num_steps] = chain_accept_length(fitted[nearest], num_steps)
+        return predictions
 
     def _is_fresh(self, num_steps: int) -> bool:
         """Whether this step count was verified within ``stale_after`` verify steps
