@@ -20,7 +20,7 @@ speculative steps only.
 
 With ``--speculative-disable-batch-threshold auto``, ``ThroughputSpecPolicy``
 (throughput_policy.py) takes the decision instead, from measured step times and
-acceptance (``throughput_spec_policy``).
+acceptance.
 
 The decision is taken in ``Scheduler.update_running_batch``, before the decode
 memory check, so that the step's KV reservation follows it
@@ -29,7 +29,7 @@ adaptive tiers, which move with the acceptance every rank observes) are
 identical on every TP rank, so every rank reaches the same decision without
 any communication. ``auto`` also needs the step times, which differ between
 ranks: it averages the ranks' low medians (a CPU all-reduce every
-``AUTO_FOLD_INTERVAL`` decode steps) before deciding from them.
+``throughput_policy.AUTO_FOLD_INTERVAL`` decode steps) before deciding from them.
 """
 
 from __future__ import annotations
@@ -49,34 +49,20 @@ from typing import (
 )
 
 from sglang.srt.environ import envs
-from sglang.srt.mem_cache.allocation_sizing import (
-    get_alloc_len_per_decode,
-    get_alloc_reserve_per_decode,
-)
-from sglang.srt.speculative.throughput_policy import (
-    AUTO,
-    PLAIN,
-    REASON_DWELL,
-    StepTrace,
-    ThroughputSpecPolicy,
-    log_toggle,
-    mark_plain_step,
-    steps_by_mode,
-    steps_by_reason,
-)
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.server_args import ServerArgs
-    from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
-    from sglang.srt.speculative.load_aware import LoadAwarePlainStep
 
 logger = logging.getLogger(__name__)
 
+# --speculative-disable-batch-threshold auto (throughput_policy.py)
+AUTO = "auto"
+
 DEFAULT_MIN_DWELL_STEPS = 8
 
-# The thresholds' decision reasons, a metric label as auto's are; with
-# REASON_DWELL (shared with auto): plain, bs <= M but the dwell has not elapsed.
+# The decision reasons, a metric label; auto adds its own.
+REASON_DWELL = "dwell"  # keep the current mode: the dwell has not elapsed
 REASON_LOW_LOAD = "low_load"  # speculate: bs <= enable threshold (or no threshold)
 REASON_HYSTERESIS = "hysteresis"  # keep the current mode: M < bs < N
 REASON_HIGH_LOAD = "high_load"  # plain: bs >= disable threshold
@@ -175,7 +161,9 @@ class SpecPolicy:
         plain_step = getattr(worker, "plain_step", None)
         threshold = server_args.speculative_disable_batch_threshold
         if threshold == AUTO:
-            return throughput_spec_policy(server_args, plain_step, adaptive)
+            from sglang.srt.speculative.throughput_policy import ThroughputSpecPolicy
+
+            return ThroughputSpecPolicy.from_server_args(server_args, worker)
         zero_draft_steps = None
         if (
             plain_step is not None
@@ -262,75 +250,47 @@ def decode_kv_reserve(batch: ScheduleBatch) -> int:
     ``get_alloc_len_per_decode()`` of them, a plain step one. A speculative step
     reserves upstream's double buffer; a plain step that lag plus its own token.
     """
+    # Imported here: server_args imports this module (through throughput_policy),
+    # and allocation_sizing imports server_args.
+    from sglang.srt.mem_cache.allocation_sizing import (
+        get_alloc_len_per_decode,
+        get_alloc_reserve_per_decode,
+    )
+
     if not batch.spec_plain_step:
         return get_alloc_reserve_per_decode()
     lag = 1 if batch.spec_prev_plain_step else get_alloc_len_per_decode()
     return lag + 1
 
 
-def throughput_spec_policy(
-    server_args: ServerArgs,
-    plain_step: LoadAwarePlainStep,
-    adaptive: Optional[AdaptiveController],
-) -> ThroughputSpecPolicy:
-    """The ``auto`` policy of a server whose worker runs plain steps, choosing
-    among the plain step and the speculative step counts the worker captured (the
-    adaptive controller's candidates, or ``--speculative-num-steps``); its step
-    times are folded over the TP ranks every ``AUTO_FOLD_INTERVAL`` decode steps
-    (the mean of the ranks' low medians); its largest batch bucket covers the running
-    batch the target's model runner allows."""
-    tp_size = server_args.tp_size
-    if adaptive is None:
-        speculative_steps = [server_args.speculative_num_steps]
-    else:
-        speculative_steps = [s for s in adaptive.candidate_steps if s != PLAIN]
-    if not speculative_steps:
-        raise ValueError(
-            "--speculative-disable-batch-threshold auto: the adaptive config has no "
-            "candidate step count above 0 to speculate with."
-        )
-    if adaptive is not None:
-        adaptive.choose_steps_externally()
-    target_runner = plain_step.worker.target_worker.model_runner
-    policy = ThroughputSpecPolicy(
-        speculative_steps=speculative_steps,
-        sets_step_count=adaptive is not None,
-        max_batch_size=target_runner.max_running_requests,
-        min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
-        reduce=tp_sum if tp_size > 1 else None,
-        fold_interval=AUTO_FOLD_INTERVAL if tp_size > 1 else 1,
-        trace=step_trace(tp_size),
+def log_toggle(speculate: bool, step: int, batch_size: int, why: str) -> None:
+    """One line per switch and rank: with TP, the ranks' lines must agree."""
+    logger.info(
+        "Load-aware speculation: %s from decode step %d (running batch %d, %s).",
+        "speculative" if speculate else "plain",
+        step,
+        batch_size,
+        why,
     )
-    plain_step.verify_listeners.append(policy.observe_verify)
-    return policy
 
 
-def step_trace(tp_size: int) -> Optional[StepTrace]:
-    """The trace SGLANG_LOAD_AWARE_STEP_TRACE asks for (one file per TP rank, the
-    rank appended to the name with TP), or None."""
-    path = envs.SGLANG_LOAD_AWARE_STEP_TRACE.get()
-    if path is None:
-        return None
-    if tp_size > 1:
-        from sglang.srt.distributed import get_tensor_model_parallel_rank
-
-        path = f"{path}.tp{get_tensor_model_parallel_rank()}"
-    return StepTrace(path)
+def mark_plain_step(batch: ScheduleBatch, plain: bool) -> None:
+    """The decided mode, as the decode memory check and the worker read it."""
+    batch.spec_prev_plain_step = batch.spec_plain_step
+    batch.spec_plain_step = plain
 
 
-# Decode steps between two sums of the step times over TP ranks (one CPU
-# all-reduce each); a single rank folds every step.
-AUTO_FOLD_INTERVAL = 16
+def steps_by_mode(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
+    """Decode steps by mode, "spec" and "plain", from the counts by (mode, reason)."""
+    totals = {"spec": 0, "plain": 0}
+    for (mode, _), n in step_counts.items():
+        totals[mode] += n
+    return totals
 
 
-def tp_sum(values: List[float]) -> List[float]:
-    import torch
-
-    from sglang.srt.distributed import get_tp_group
-
-    tensor = torch.tensor(values, dtype=torch.float64)
-    torch.distributed.all_reduce(tensor, group=get_tp_group().cpu_group)
-    return tensor.tolist()
+def steps_by_reason(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
+    """Decode steps by (mode, reason) as ``mode/reason`` keys, for /server_info."""
+    return {f"{mode}/{reason}": n for (mode, reason), n in step_counts.items()}
 
 
 # ---------------------------------------------------------------------------

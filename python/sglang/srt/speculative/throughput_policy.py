@@ -36,7 +36,7 @@ a dwell so that a batch at the crossover does not flip every step.
   observed into the policy, summed over TP ranks (``PendingObservations``), so that
   every rank decides from the same inputs.
 
-Pure Python: the TP sum is injected (spec_policy.throughput_spec_policy).
+The policy is pure Python: the TP sum is injected (``ThroughputSpecPolicy.from_server_args``).
 """
 
 from __future__ import annotations
@@ -61,21 +61,32 @@ from typing import (
     Union,
 )
 
+from sglang.srt.environ import envs
+from sglang.srt.speculative.spec_policy import (
+    AUTO,
+    REASON_DWELL,
+    log_toggle,
+    mark_plain_step,
+    steps_by_mode,
+    steps_by_reason,
+)
+
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 logger = logging.getLogger(__name__)
 
-# --speculative-disable-batch-threshold auto
-AUTO = "auto"
 PLAIN = 0
 
 # Samples in a bucket's median step time.
 COST_WINDOW = 8
 
+# Decision reasons (a metric label, as the thresholds' are); with REASON_DWELL: another
+# mode is better, but the dwell has not elapsed.
 REASON_BEST = "best_throughput"  # the mode with the best expected tokens/s
 REASON_MARGIN = "within_margin"  # another mode is better, but not by the margin
-REASON_DWELL = "dwell"  # another mode is better, but the dwell has not elapsed
 REASON_PROBE = "probe"  # another mode's step, refreshing its time and acceptance
 # A mode's first steps at a batch bucket, and the steps while a mode is untimed
 # at every bucket.
@@ -781,42 +792,40 @@ def parse_disable_batch_threshold(value: str) -> Union[int, str]:
     return value if value == AUTO else int(value)
 
 
+# Decode steps between two sums of the step times over TP ranks (one CPU
+# all-reduce each); a single rank folds every step.
+AUTO_FOLD_INTERVAL = 16
+
+
+def tp_sum(values: List[float]) -> List[float]:
+    import torch
+
+    from sglang.srt.distributed import get_tp_group
+
+    tensor = torch.tensor(values, dtype=torch.float64)
+    torch.distributed.all_reduce(tensor, group=get_tp_group().cpu_group)
+    return tensor.tolist()
+
+
+def step_trace(tp_size: int) -> Optional[StepTrace]:
+    """The trace SGLANG_LOAD_AWARE_STEP_TRACE asks for (one file per TP rank, the
+    rank appended to the name with TP), or None."""
+    path = envs.SGLANG_LOAD_AWARE_STEP_TRACE.get()
+    if path is None:
+        return None
+    if tp_size > 1:
+        from sglang.srt.distributed import get_tensor_model_parallel_rank
+
+        path = f"{path}.tp{get_tensor_model_parallel_rank()}"
+    return StepTrace(path)
+
+
 def power_of_two_buckets(max_batch_size: int) -> List[int]:
     """1, 2, 4, ... up to the first power of two >= max_batch_size."""
     buckets = [1]
     while buckets[-1] < max_batch_size:
         buckets.append(buckets[-1] * 2)
     return buckets
-
-
-def log_toggle(speculate: bool, step: int, batch_size: int, why: str) -> None:
-    """One line per switch and rank: with TP, the ranks' lines must agree."""
-    logger.info(
-        "Load-aware speculation: %s from decode step %d (running batch %d, %s).",
-        "speculative" if speculate else "plain",
-        step,
-        batch_size,
-        why,
-    )
-
-
-def mark_plain_step(batch: ScheduleBatch, plain: bool) -> None:
-    """The decided mode, as the decode memory check and the worker read it."""
-    batch.spec_prev_plain_step = batch.spec_plain_step
-    batch.spec_plain_step = plain
-
-
-def steps_by_mode(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
-    """Decode steps by mode, "spec" and "plain", from the counts by (mode, reason)."""
-    totals = {"spec": 0, "plain": 0}
-    for (mode, _), n in step_counts.items():
-        totals[mode] += n
-    return totals
-
-
-def steps_by_reason(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
-    """Decode steps by (mode, reason) as ``mode/reason`` keys, for /server_info."""
-    return {f"{mode}/{reason}": n for (mode, reason), n in step_counts.items()}
 
 
 class ThroughputSpecPolicy:
@@ -869,6 +878,41 @@ class ThroughputSpecPolicy:
         self._plans = 0
         # The running batch's size and mode at the last plan: what its last launch ran.
         self._planned: Optional[Tuple[int, int]] = None
+
+    @classmethod
+    def from_server_args(
+        cls, server_args: ServerArgs, worker: EAGLEWorkerV2
+    ) -> "ThroughputSpecPolicy":
+        """The ``auto`` policy of a server whose worker runs plain steps, choosing
+        among the plain step and the speculative step counts the worker captured
+        (the adaptive controller's candidates, or ``--speculative-num-steps``); its
+        step times are folded over the TP ranks every ``AUTO_FOLD_INTERVAL`` decode
+        steps (the mean of the ranks' low medians); its largest batch bucket covers
+        the running batch the target's model runner allows."""
+        adaptive = worker.adaptive_controller
+        if adaptive is None:
+            speculative_steps = [server_args.speculative_num_steps]
+        else:
+            speculative_steps = [s for s in adaptive.candidate_steps if s != PLAIN]
+        if not speculative_steps:
+            raise ValueError(
+                "--speculative-disable-batch-threshold auto: the adaptive config has "
+                "no candidate step count above 0 to speculate with."
+            )
+        if adaptive is not None:
+            adaptive.choose_steps_externally()
+        tp_size = server_args.tp_size
+        policy = cls(
+            speculative_steps=speculative_steps,
+            sets_step_count=adaptive is not None,
+            max_batch_size=worker.target_worker.model_runner.max_running_requests,
+            min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
+            reduce=tp_sum if tp_size > 1 else None,
+            fold_interval=AUTO_FOLD_INTERVAL if tp_size > 1 else 1,
+            trace=step_trace(tp_size),
+        )
+        worker.plain_step.verify_listeners.append(policy.observe_verify)
+        return policy
 
     @property
     def speculating(self) -> bool:

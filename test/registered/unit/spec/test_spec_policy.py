@@ -243,10 +243,8 @@ class TestSpecPolicySequences(CustomTestCase):
 
     def test_each_switch_logs_one_line_with_its_step(self):
         policy = SpecPolicy(8, 4, min_dwell_steps=0)
-        # The line of both policies (throughput_policy.log_toggle).
-        with self.assertLogs(
-            "sglang.srt.speculative.throughput_policy", "INFO"
-        ) as logs:
+        # The line of both policies (log_toggle).
+        with self.assertLogs("sglang.srt.speculative.spec_policy", "INFO") as logs:
             for bs in (2, 9, 9, 6, 3, 3):
                 policy.decide(bs)
         self.assertEqual(
