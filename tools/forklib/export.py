@@ -1,20 +1,24 @@
 """Which commit of the exported series brings in each new file of the fork.
 
 A new module enters with the first patch whose added lines import it, directly or
-through other new modules. A file no patch needs (a test, a test utility) enters with
+through other new modules. A module that a new library module imports only inside a
+function (a path the patches make reachable later, such as a flag value a later patch
+accepts) does not enter with it: a patch must bring it, by import or trailer, or the
+export fails. A file no patch needs (a test, a test utility) enters with
 the latest of the new modules it imports, and brings the test data it names; one
 that imports none, benchmarks, what loads them, and docs enter in a final commit
 after the series. A patch's ``Fork-Files:`` trailer names files (globs) that enter
-with it whatever the imports say.
+with it whatever the imports say, and the new files they need with it at the latest.
 """
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import posixpath
 import re
 from pathlib import PurePosixPath
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from forklib import ForkError
 from forklib.layout import UPSTREAM_PACKAGE
@@ -28,9 +32,13 @@ _FROM_IMPORT = re.compile(
 
 
 def is_exported(rel: str) -> bool:
-    """Benchmark results (``benchmark/**/results/**``) stay in the fork."""
+    """Benchmark results (``benchmark/**/results/**``) and the tests of the fork's own
+    README (``test/fork/``) stay in the fork."""
     parts = PurePosixPath(rel).parts
-    return not (parts[0] == "benchmark" and "results" in parts[1:-1])
+    return not (
+        (parts[0] == "benchmark" and "results" in parts[1:-1])
+        or parts[:2] == ("test", "fork")
+    )
 
 
 _MARKDOWN_LINK = re.compile(
@@ -129,24 +137,38 @@ def _imports(text: str, by_module: Mapping[str, str]) -> Set[str]:
     return {by_module[m] for m in imported_modules(text, set(by_module))}
 
 
-def _needed_by_patches(
+def _imported_by_patches(
     patch_texts: Sequence[str],
-    new_files: Sequence[str],
     by_module: Mapping[str, str],
     deps: Mapping[str, Set[str]],
 ) -> Dict[str, int]:
-    """Each new file that a patch imports (through other new files too) -> the first such patch.
-
-    Files that a ``Fork-Files:`` trailer names go with the first patch naming them.
-    """
-    named = [_named_by_trailer(text, new_files) for text in patch_texts]
+    """Each new file that a patch imports (through other new files too) -> the first such patch."""
     index: Dict[str, int] = {}
-    for k, rels in enumerate(named):
-        index.update({rel: k for rel in rels if rel not in index})
     for k, text in enumerate(patch_texts):
-        for rel in _closure(_imports(added_lines(text), by_module) | named[k], deps):
+        for rel in _closure(_imports(added_lines(text), by_module), deps):
             index.setdefault(rel, k)
     return index
+
+
+def _named_by_trailers(
+    patch_texts: Sequence[str], new_files: Sequence[str]
+) -> Dict[str, int]:
+    """Each file a ``Fork-Files:`` trailer names -> the first patch naming it."""
+    index: Dict[str, int] = {}
+    for k, text in enumerate(patch_texts):
+        for rel in _named_by_trailer(text, new_files):
+            index.setdefault(rel, k)
+    return index
+
+
+def _with_what_named_files_need(
+    index: Dict[str, int], named: Mapping[str, int], deps: Mapping[str, Set[str]]
+) -> None:
+    """What a file named by a trailer needs enters with it at the latest."""
+    for rel, k in named.items():
+        for dep in _closure({rel}, deps):
+            if index.get(dep, k + 1) > k:
+                index[dep] = k
 
 
 def _following_imports(
@@ -208,22 +230,58 @@ def _benchmarks_loaded(text: str, new_files: Iterable[str]) -> Set[str]:
     }
 
 
+def defers_imports(rel: str) -> bool:
+    """Library modules may import inside a function what they need only on a path a
+    later patch opens; tests and test utilities take all they name along."""
+    return rel.startswith(f"python/{UPSTREAM_PACKAGE}/") and not rel.startswith(
+        f"python/{UPSTREAM_PACKAGE}/test/"
+    )
+
+
+def split_function_imports(text: str) -> Tuple[str, str]:
+    """(the text without its import statements inside functions, those statements)."""
+    deferred = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    deferred.update(range(inner.lineno - 1, inner.end_lineno))
+    lines = text.splitlines(keepends=True)
+    kept = "".join(line for i, line in enumerate(lines) if i not in deferred)
+    return kept, "".join(lines[i] for i in sorted(deferred))
+
+
 def _dependencies(
     rel: str,
     content: bytes,
     new_files: Iterable[str],
     by_module: Mapping[str, str],
-) -> Set[str]:
+) -> Tuple[Set[str], Set[str]]:
     """The new files a new Python file needs: those it imports, the benchmarks it
-    loads, and the test data it names (which then enters with it)."""
+    loads, and the test data it names (which then enters with it); and those a
+    library module imports only inside functions (deferred)."""
     if not rel.endswith(".py"):
-        return set()
+        return set(), set()
     text = content.decode(errors="replace")
-    return (
+    deferred_text = ""
+    if defers_imports(rel):
+        text, deferred_text = split_function_imports(text)
+    needed = (
         _imports(text, by_module)
         | _benchmarks_loaded(text, new_files)
         | _test_data_named(text, new_files)
     ) - {rel}
+    return needed, _imports(deferred_text, by_module) - needed - {rel}
+
+
+def _check_deferred(index: Mapping[str, int], deferred: Mapping[str, Set[str]]) -> None:
+    for rel, modules in sorted(deferred.items()):
+        for module in sorted(modules - index.keys()):
+            raise ForkError(
+                f"{rel} imports {module} inside a function, and no patch brings "
+                f"{module}: import it in the patch that makes that path reachable, "
+                f"or name it in that patch's {FORK_FILES_TRAILER} trailer"
+            )
 
 
 def assign_new_files(
@@ -231,12 +289,16 @@ def assign_new_files(
 ) -> List[List[str]]:
     """Group k of the result enters with patch k; the extra last group follows the series."""
     by_module = {module_name(rel): rel for rel in new_files if module_name(rel)}
-    deps = {
-        rel: _dependencies(rel, content, new_files, by_module)
-        for rel, content in new_files.items()
-    }
-    index = _needed_by_patches(patch_texts, sorted(new_files), by_module, deps)
+    deps, deferred = {}, {}
+    for rel, content in new_files.items():
+        deps[rel], deferred[rel] = _dependencies(rel, content, new_files, by_module)
+    named = _named_by_trailers(patch_texts, sorted(new_files))
+    index = _imported_by_patches(patch_texts, by_module, deps)
+    for rel, k in named.items():
+        index[rel] = min(index.get(rel, k), k)
+    _check_deferred(index, deferred)
     index.update(_following_imports(index, deps))
+    _with_what_named_files_need(index, named, deps)
     groups: List[List[str]] = [[] for _ in range(len(patch_texts) + 1)]
     for rel in sorted(new_files):
         groups[index.get(rel, len(patch_texts))].append(rel)

@@ -79,6 +79,46 @@ class TestAssignNewFiles(unittest.TestCase):
         )
         self.assertEqual(groups, [[A, B], [], []])
 
+    def test_a_module_imported_inside_a_function_enters_with_the_patch_that_imports_it(
+        self,
+    ):
+        b = (
+            "import os\n\n\ndef make(flag):\n"
+            "    if flag == 'a':\n"
+            "        from sglang.srt.speculative.fork_a import A\n\n"
+            "        return A\n"
+        )
+        groups = assign_new_files(
+            [
+                patch("from sglang.srt.speculative.fork_b import make"),
+                patch("from sglang.srt.speculative.fork_a import A"),
+            ],
+            files(**{A: "A = 1\n", B: b}),
+        )
+        self.assertEqual(groups, [[B], [A], []])
+
+    def test_a_module_imported_only_inside_a_function_must_be_brought_by_a_patch(self):
+        b = "def make():\n    from sglang.srt.speculative.fork_a import A\n"
+        with self.assertRaisesRegex(ForkError, f"{B} imports {A} inside a function"):
+            assign_new_files(
+                [patch("from sglang.srt.speculative.fork_b import make")],
+                files(**{A: "A = 1\n", B: b}),
+            )
+
+    def test_a_test_takes_along_what_it_imports_inside_functions(self):
+        test = (
+            "from sglang.srt.speculative.fork_b import B\n\n\n"
+            "def test_a():\n    from sglang.srt.speculative.fork_a import A\n"
+        )
+        groups = assign_new_files(
+            [
+                patch("from sglang.srt.speculative.fork_b import B"),
+                patch("from sglang.srt.speculative.fork_a import A"),
+            ],
+            files(**{A: "A = 1\n", B: "B = 2\n", TEST: test}),
+        )
+        self.assertEqual(groups, [[B], [A, TEST], []])
+
     def test_a_test_enters_with_the_latest_module_it_imports_and_brings_its_utilities(
         self,
     ):
@@ -158,6 +198,28 @@ class TestAssignNewFiles(unittest.TestCase):
         )
         self.assertEqual(groups, [[DOC, A], [], [BENCH]])
 
+    def test_a_utility_enters_with_the_first_test_needing_it_not_a_later_named_one(
+        self,
+    ):
+        later = "test/registered/unit/spec/test_fork_later.py"
+        uses = "from sglang.srt.speculative.fork_a import A\nfrom sglang.test.fork_util import h\n"
+        groups = assign_new_files(
+            [
+                patch("from sglang.srt.speculative.fork_a import A"),
+                patch("import os", trailer=f"Fork-Files: {later}"),
+            ],
+            files(**{A: "A = 1\n", UTIL: "def h(): ...\n", TEST: uses, later: uses}),
+        )
+        self.assertEqual(groups, [[A, UTIL, TEST], [later], []])
+
+    def test_a_named_file_brings_what_it_needs_that_would_come_later(self):
+        test = "from sglang.test.fork_util import h\n"
+        groups = assign_new_files(
+            [patch("import os", trailer=f"Fork-Files: {TEST}")],
+            files(**{UTIL: "def h(): ...\n", TEST: test, DOC: "A doc.\n"}),
+        )
+        self.assertEqual(groups, [[UTIL, TEST], [DOC]])
+
     def test_a_fork_files_glob_that_matches_nothing_is_an_error(self):
         with self.assertRaisesRegex(ForkError, "docs/typo.md matches no new file"):
             assign_new_files(
@@ -177,6 +239,10 @@ class TestExportHelpers(unittest.TestCase):
         self.assertTrue(is_exported("benchmark/dynamic_spec/bench_sweep.py"))
         self.assertTrue(is_exported("benchmark/dynamic_spec/results"))
         self.assertTrue(is_exported("docs/results/page.md"))
+
+    def test_the_tests_of_the_forks_readme_are_not_exported(self):
+        self.assertFalse(is_exported("test/fork/test_readme_serve_args.py"))
+        self.assertTrue(is_exported("test/registered/unit/spec/test_fork.py"))
 
     def test_docs_lose_their_links_into_benchmark_results(self):
         doc = "docs/advanced_features/page.md"
