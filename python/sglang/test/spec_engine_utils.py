@@ -321,15 +321,3 @@ def metric_total(samples: Dict[str, float], name: str, **labels: str) -> float:
         for key, value in samples.items()
         if key.split("{")[0] == name and all(w in key for w in wanted)
     )
-
-
-def markdown_commands(markdown_path: str, section: str) -> List[List[str]]:
-    """The shell commands of the first bash block under ``## section`` of a markdown
-    file, each as an argv (backslash continuations joined)."""
-    import shlex
-
-    with open(markdown_path) as f:
-        text = f.read()
-    body = text.split(f"## {section}\n", 1)[1]
-    block = body.split("```bash\n", 1)[1].split("```", 1)[0]
-    return [shlex.split(line) for line in block.replace("\\\n", " ").splitlines()]

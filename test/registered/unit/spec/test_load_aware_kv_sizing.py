@@ -21,6 +21,7 @@ from sglang.srt.mem_cache.allocation_sizing import (
     get_alloc_len_per_decode,
     get_alloc_reserve_per_decode,
 )
+from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_policy import SpecPolicy
@@ -255,6 +256,22 @@ class TestTreePageSize16(KVSizingTestBase):
     prompt_lens = [11, 3, 14, 9]
     max_context_len = 1024
     attention_backend = "triton"
+
+
+@unittest.skipIf(IN_TRITON_INTERPRETER, "needs no interpreter")
+class TestPlanDecodeStepOnAScheduleBatch(CustomTestCase):
+    def test_marks_this_and_the_previous_step(self):
+        batch = ScheduleBatch(reqs=[object()] * 5)
+        self.assertFalse(batch.spec_plain_step)
+        self.assertFalse(batch.spec_prev_plain_step)
+        policy = SpecPolicy(5, 4, min_dwell_steps=0)
+        policy.plan_decode_step(batch)
+        self.assertTrue(batch.spec_plain_step)
+        self.assertFalse(batch.spec_prev_plain_step)
+        batch.reqs = batch.reqs[:4]
+        policy.plan_decode_step(batch)
+        self.assertFalse(batch.spec_plain_step)
+        self.assertTrue(batch.spec_prev_plain_step)
 
 
 @unittest.skipIf(IN_TRITON_INTERPRETER, "this process already is the second one")

@@ -7,7 +7,6 @@ validation functions are also run on plain namespaces of the field defaults.
 """
 
 import argparse
-import os
 import unittest
 from dataclasses import MISSING, fields
 from types import SimpleNamespace
@@ -21,13 +20,11 @@ from sglang.srt.speculative.spec_policy import (
     resolve_load_aware_server_args,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.spec_engine_utils import markdown_commands, tiny_llama_config_dir
+from sglang.test.spec_engine_utils import tiny_llama_config_dir
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=20, suite="base-a-test-cpu")
 
-REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 4))
-README_SERVE_SECTION = "Serve with load-aware speculative decoding"
 FLAG_N = "--speculative-disable-batch-threshold"
 FLAG_M = "--speculative-enable-batch-threshold"
 FLAG_DWELL = "--speculative-load-aware-min-dwell-steps"
@@ -346,25 +343,6 @@ class TestLoadAwareServerArgs(CustomTestCase):
             attention_backend="flashinfer", speculative_disable_batch_threshold=16
         )
         self.assertEqual(plain_decode_graph_reserve_mb(flashinfer), plain_graphs + 384)
-
-    def test_the_readme_serve_command_parses(self):
-        """The README's serve command (run on a GPU by test_readme_serve_command.py)
-        is one ServerArgs accepts, with the load-aware flags."""
-        readme = os.path.join(REPO_ROOT, "README.md")
-        generate, serve = markdown_commands(readme, README_SERVE_SECTION)
-        self.assertEqual(
-            generate[:3], ["python", "-m", "sglang.test.synthetic_spec_models"]
-        )
-        self.assertEqual(serve[:3], ["python", "-m", "sglang.launch_server"])
-        argv = [
-            self.tmpdir.name if a.startswith("/tmp/synth/") else a for a in serve[3:]
-        ]
-        args = ServerArgs.from_cli_args(
-            cli_namespace(argv + ["--device", "cpu", "--skip-tokenizer-init"])
-        )
-        self.assertEqual(args.speculative_disable_batch_threshold, 16)
-        self.assertEqual(args.speculative_eagle_topk, 4)
-        self.assertTrue(args.enable_metrics)
 
     def test_explicit_max_running_requests_kept(self):
         for threshold in (None, 16):

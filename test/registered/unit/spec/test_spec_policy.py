@@ -12,7 +12,6 @@ import tempfile
 import unittest
 from types import SimpleNamespace
 
-from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.mem_cache.allocation_sizing import (
     get_alloc_len_per_decode,
     get_alloc_reserve_per_decode,
@@ -576,19 +575,6 @@ class TestPlanDecodeStep(CustomTestCase):
                 bs,
             )
         self.assertEqual(policy.get_state()["num_plain_steps"], 2)
-
-    def test_on_a_schedule_batch(self):
-        batch = ScheduleBatch(reqs=[object()] * 5)
-        self.assertFalse(batch.spec_plain_step)
-        self.assertFalse(batch.spec_prev_plain_step)
-        policy = SpecPolicy(None, zero_draft_steps=zero_at(5))
-        policy.plan_decode_step(batch)
-        self.assertTrue(batch.spec_plain_step)
-        self.assertFalse(batch.spec_prev_plain_step)
-        batch.reqs = batch.reqs[:4]
-        policy.plan_decode_step(batch)
-        self.assertFalse(batch.spec_plain_step)
-        self.assertTrue(batch.spec_prev_plain_step)
 
 
 class TestDecodeKvReserve(CustomTestCase):

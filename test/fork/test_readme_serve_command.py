@@ -2,7 +2,7 @@
 the synthetic pair, serve it with the README's flags (the default memory fraction
 included), one request, and the load-aware metrics. Only the output directory and
 the port differ. The CPU tier checks that the command parses
-(test_load_aware_server_args.py)."""
+(test_readme_serve_args.py)."""
 
 import os
 import subprocess
@@ -15,7 +15,6 @@ import pytest
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.spec_engine_utils import (
     greedy_params,
-    markdown_commands,
     metric_total,
     post_concurrently,
     random_prompts,
@@ -25,19 +24,15 @@ from sglang.test.spec_engine_utils import (
 from sglang.test.synthetic_spec_models import greedy_continuation, next_token_map
 from sglang.test.test_utils import CustomTestCase
 
+from readme_commands import README_OUT_DIR, readme_serve_commands
+
 register_cuda_ci(est_time=300, suite="base-b-test-1-gpu-large")
 pytestmark = pytest.mark.gpu
-
-REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 4))
-README_SERVE_SECTION = "Serve with load-aware speculative decoding"
-README_OUT_DIR = "/tmp/synth"
 
 
 class TestReadmeServeCommand(CustomTestCase):
     def test_readme_commands_serve_and_report_metrics(self):
-        generate, serve = markdown_commands(
-            os.path.join(REPO_ROOT, "README.md"), README_SERVE_SECTION
-        )
+        generate, serve = readme_serve_commands()
         with tempfile.TemporaryDirectory() as out:
             relocated = lambda argv: [a.replace(README_OUT_DIR, out) for a in argv]
             subprocess.run([sys.executable, *relocated(generate)[1:]], check=True)

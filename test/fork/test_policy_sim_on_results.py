@@ -1,0 +1,100 @@
+"""benchmark/dynamic_spec/policy_sim.py on the step traces of the fork's own benchmark
+runs (benchmark/dynamic_spec/results/, which tools/fork export leaves out, as it
+leaves test/fork/). No GPU."""
+
+import io
+import unittest
+from contextlib import redirect_stdout
+
+from sglang.test.spec_engine_utils import REPO_ROOT, load_benchmark_script
+from sglang.test.test_utils import CustomTestCase
+
+sim = load_benchmark_script("policy_sim")
+
+
+# Concurrency sweeps (1 to 256) on the easy prompts alone, whose running batch dips at
+# each turnover of requests, from three versions of auto on the llama8b preset
+# (benchmark/dynamic_spec/results/2026-12-03-auto{,2,3}-llama8b-p0.95/NOTES.md), one
+# on the dense32b-32l preset (results/2026-12-04-dense32b-32l-p0.95/NOTES.md), one
+# of steady loops whose output lengths spread, prefill taking half the time at C=64
+# (results/2026-12-04-spread-llama8b-p0.95/NOTES.md), and the same loops at C=1-256
+# on FA3, where speculation pays at every C
+# (results/2026-12-04-fa3b-llama8b-p0.95/NOTES.md).
+def run_trace(run: str) -> str:
+    """The auto server's step trace of a results directory."""
+    return str(
+        REPO_ROOT / "benchmark/dynamic_spec/results" / run / "auto-topk1-steps.jsonl.gz"
+    )
+
+
+SWEEP_TRACES = [
+    run_trace(run)
+    for run in (
+        "2026-12-03-auto-llama8b-p0.95",
+        "2026-12-03-auto2-llama8b-p0.95",
+        "2026-12-03-auto3-llama8b-p0.95",
+        "2026-12-04-dense32b-32l-p0.95",
+        "2026-12-04-spread-llama8b-p0.95",
+        "2026-12-04-fa3b-llama8b-p0.95",
+    )
+]
+
+# One auto server's trace per attention backend, same flags, workload and machine: 64
+# clients (and 256 on FA3) whose output lengths spread, on the llama8b preset
+# (results/2026-12-04-{ab,fa3}-llama8b-p0.95/NOTES.md). On triton a speculative step at
+# batch 64 takes ~5 plain ones, on FA3 under 2.
+BACKEND_TRACES = {
+    backend: run_trace(f"2026-12-04-{run}-llama8b-p0.95")
+    for backend, run in (("triton", "ab"), ("fa3", "fa3"))
+}
+
+
+def replay(path: str, policies) -> dict:
+    """Tokens per second of each policy on the trace."""
+    records = sim.load_trace(path)
+    env = sim.environment_from_trace(records, sim.trace_buckets(records))
+    phases = sim.phases_of_trace(records)
+    return {
+        p: sim.simulate(sim.make_policy(p, env), env, phases)["tokens_per_second"]
+        for p in policies
+    }
+
+
+class TestPolicySimOnBenchmarkRuns(CustomTestCase):
+    def test_auto_matches_the_best_threshold_on_a_concurrency_sweep(self):
+        # Neither a dwell carried from a dipped batch into a large one nor probes
+        # spaced in steps (one speculative step at 256 takes ~8 plain ones) may
+        # cost it more than 2% against the best threshold in hindsight.
+        policies = ("threshold:16", "threshold:32", "threshold:64", "auto")
+        for trace in SWEEP_TRACES:
+            with self.subTest(trace=trace):
+                rate = replay(trace, policies)
+                best_threshold = max(v for p, v in rate.items() if p != "auto")
+                self.assertGreaterEqual(rate["auto"], 0.98 * best_threshold)
+
+    def test_auto_follows_the_attention_backend_where_no_threshold_can(self):
+        thresholds = ("threshold:16", "threshold:64", "threshold:128")
+        policies = ("nospec", "always") + thresholds + ("auto",)
+        rate = {
+            backend: replay(trace, policies)
+            for backend, trace in BACKEND_TRACES.items()
+        }
+        for backend, by_policy in rate.items():
+            with self.subTest(backend=backend):
+                best_static = max(by_policy["nospec"], by_policy["always"])
+                self.assertGreaterEqual(by_policy["auto"], 0.98 * best_static)
+        for threshold in thresholds:
+            with self.subTest(threshold=threshold):
+                worst = min(by[threshold] / by["auto"] for by in rate.values())
+                self.assertLess(worst, 0.9)
+
+    def test_cli_on_a_trace_says_what_a_switch_is_charged(self):
+        out = io.StringIO()
+        with redirect_stdout(out):
+            sim.main(["--trace", BACKEND_TRACES["fa3"], "--policies", "always,auto"])
+        charged = [line for line in out.getvalue().splitlines() if "charged" in line]
+        self.assertEqual(charged, ["each switch is charged 1.90 ms"])
+
+
+if __name__ == "__main__":
+    unittest.main()
