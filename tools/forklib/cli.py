@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         "export", help="write an upstream-ready commit series (git am) to DIR"
     )
     export.add_argument("dir", type=Path)
+    export.add_argument(
+        "--test-each",
+        action="store_true",
+        help="then run the tests each commit brings on the tree at that commit "
+        "(with this interpreter's pytest)",
+    )
     rebase = sub.add_parser(
         "rebase", help="move the pin to VERSION with a 3-way apply of the series"
     )
@@ -80,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "check":
             return commands.cmd_check(layout)
         if args.command == "export":
-            return commands.cmd_export(layout, args.dir.resolve())
+            return commands.cmd_export(layout, args.dir.resolve(), args.test_each)
         return commands.cmd_rebase(
             layout,
             args.version,

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Tuple
 
 from forklib import ForkError
@@ -14,7 +18,7 @@ from forklib.export import (
     strip_fork_files,
     without_links_to_unexported,
 )
-from forklib.layout import Layout
+from forklib.layout import UPSTREAM_PACKAGE, Layout
 from forklib.pin import Pin, PinnedWheel, write_pin
 from forklib.series import Patch, ScratchRepo, run_git, touched_files
 from forklib.tree import (
@@ -234,7 +238,7 @@ def _exported_content(rel: str, content: bytes) -> bytes:
     return without_links_to_unexported(content.decode(), rel).encode()
 
 
-def cmd_export(layout: Layout, out_dir: Path) -> int:
+def cmd_export(layout: Layout, out_dir: Path, test_each: bool = False) -> int:
     upstream = Upstream.load(layout)
     ours = _new_files(layout, upstream)
     groups = assign_new_files([p.text for p in upstream.series], ours)
@@ -254,6 +258,61 @@ def cmd_export(layout: Layout, out_dir: Path) -> int:
         f"exported {len(written)} commits to {out_dir} "
         f"(apply with `git am` on upstream {upstream.pin.version})"
     )
+    return _test_each_commit(layout, upstream, ours, groups) if test_each else 0
+
+
+def _is_test(rel: str) -> bool:
+    path = PurePosixPath(rel)
+    return path.parts[0] == "test" and path.match("test_*.py")
+
+
+def _write_files(root: Path, files: Dict[str, Optional[bytes]]) -> None:
+    for rel, content in files.items():
+        path = root / rel
+        if content is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+
+
+def _test_each_commit(
+    layout: Layout, upstream: Upstream, ours: Dict[str, bytes], groups: List[List[str]]
+) -> int:
+    """Run the tests each exported commit brings on the tree at that commit: pristine
+    upstream, the patches so far and the new files so far (this interpreter's pytest,
+    the repository's pytest.ini and conftest.py)."""
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="fork-export-tests-") as tmp:
+        tree = Path(tmp)
+        shutil.copytree(upstream.pristine_dir, tree / "python" / UPSTREAM_PACKAGE)
+        for name in ("pytest.ini", "conftest.py"):
+            if (layout.root / name).is_file():
+                shutil.copy(layout.root / name, tree)
+        for k, rels in enumerate(groups):
+            if k < len(upstream.series):
+                _write_files(tree, upstream.patched(upstream.series[: k + 1]))
+            _write_files(tree, {rel: ours[rel] for rel in rels})
+            tests = [rel for rel in rels if _is_test(rel)]
+            if not tests:
+                continue
+            result = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+                + ["--tb=short", *tests],
+                cwd=tree,
+                env={**os.environ, "PYTHONPATH": str(tree / "python")},
+                capture_output=True,
+                text=True,
+            )
+            summary = (result.stdout.strip().splitlines() or ["no output"])[-1]
+            print(f"  commit {k + 1}: {len(tests)} test files: {summary}")
+            if result.returncode != 0:
+                failed.append(k + 1)
+                print(result.stdout[-4000:] + result.stderr[-2000:])
+    if failed:
+        print(f"FAIL: the tests of commits {failed} fail on the tree at their commit")
+        return 1
+    print("ok: every commit's tests pass on the tree at that commit")
     return 0
 
 

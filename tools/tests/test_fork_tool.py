@@ -343,6 +343,39 @@ class TestForkTool(unittest.TestCase):
                 (upstream / rel).read_text(), self.repo.path(rel).read_text()
             )
 
+    def test_export_runs_each_commits_tests_on_the_tree_at_that_commit(self):
+        def test_reading(rel: str, line: str) -> str:
+            return (
+                "from pathlib import Path\n\n\ndef test_line():\n"
+                f"    assert {line!r} in Path({rel!r}).read_text()\n"
+            )
+
+        tests = "test/registered/unit/spec"
+        first, too_early = f"{tests}/test_first.py", f"{tests}/test_too_early.py"
+        self.repo.path(tests).mkdir(parents=True)
+        self.repo.path(first).write_text(test_reading(EDITED, "FIRST = 1"))
+        self.repo.path(too_early).write_text(test_reading(SECOND, "SECOND = 2"))
+        git(self.repo.root, "add", first, too_early)
+        self.edit(EDITED, "FIRST = 1\n")
+        self.repo.fork(
+            "save", "--new", "First", "--body", f"Why.\n\nFork-Files: {first}"
+        )
+        self.edit(SECOND, "SECOND = 2\n")
+        self.repo.fork(
+            "save", "--new", "Second", "--body", f"Why.\n\nFork-Files: {too_early}"
+        )
+        out = self.repo.root.parent / "export"
+        result = self.repo.fork("export", str(out), "--test-each")
+        self.assertIn("ok: every commit's tests pass", result.stdout)
+        self.assertIn("commit 2: 1 test files: 1 passed", result.stdout)
+
+        patch = self.series_files()[0]
+        patch.write_text(patch.read_text().replace(first, f"{first} {too_early}"))
+        result = self.repo.fork("export", str(out), "--test-each", ok=False)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("commit 1: 2 test files: 1 failed, 1 passed", result.stdout)
+        self.assertIn("FAIL: the tests of commits [1] fail", result.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()
