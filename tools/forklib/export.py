@@ -274,9 +274,10 @@ def _dependencies(
     return needed, _imports(deferred_text, by_module) - needed - {rel}
 
 
-def _check_deferred(index: Mapping[str, int], deferred: Mapping[str, Set[str]]) -> None:
+def _check_deferred(brought: Set[str], deferred: Mapping[str, Set[str]]) -> None:
+    """Every module imported inside a function is brought by some patch."""
     for rel, modules in sorted(deferred.items()):
-        for module in sorted(modules - index.keys()):
+        for module in sorted(modules - brought):
             raise ForkError(
                 f"{rel} imports {module} inside a function, and no patch brings "
                 f"{module}: import it in the patch that makes that path reachable, "
@@ -296,7 +297,7 @@ def assign_new_files(
     index = _imported_by_patches(patch_texts, by_module, deps)
     for rel, k in named.items():
         index[rel] = min(index.get(rel, k), k)
-    _check_deferred(index, deferred)
+    _check_deferred(index.keys() | _closure(set(named), deps), deferred)
     index.update(_following_imports(index, deps))
     _with_what_named_files_need(index, named, deps)
     groups: List[List[str]] = [[] for _ in range(len(patch_texts) + 1)]

@@ -105,6 +105,18 @@ class TestAssignNewFiles(unittest.TestCase):
                 files(**{A: "A = 1\n", B: b}),
             )
 
+    def test_a_module_imported_inside_a_function_may_come_with_a_named_test(self):
+        b = "def make():\n    from sglang.srt.speculative.fork_a import A\n"
+        test = "from sglang.srt.speculative.fork_a import A\n"
+        groups = assign_new_files(
+            [
+                patch("from sglang.srt.speculative.fork_b import make"),
+                patch("import os", trailer=f"Fork-Files: {TEST}"),
+            ],
+            files(**{A: "A = 1\n", B: b, TEST: test}),
+        )
+        self.assertEqual(groups, [[B], [A, TEST], []])
+
     def test_a_test_takes_along_what_it_imports_inside_functions(self):
         test = (
             "from sglang.srt.speculative.fork_b import B\n\n\n"

@@ -1,5 +1,11 @@
 """The benchmark's HTTP client: streamed /generate requests of token ids, what each
-one measured, and the prompts they send."""
+one measured, and the prompts they send.
+
+Not upstream's ``async_request_sglang_generate`` (sglang.benchmark.serving): it reads
+its settings from that module's command-line ``args``, opens a session per request,
+parses every streamed chunk, and keeps neither the verify counts nor the per-chunk
+timeline a point needs. Upstream's client runs beside this one instead
+(bench_serving.py, ``--bench-serving``)."""
 
 from __future__ import annotations
 

@@ -161,6 +161,7 @@ class SpecPolicy:
         plain_step = getattr(worker, "plain_step", None)
         threshold = server_args.speculative_disable_batch_threshold
         if threshold == AUTO:
+            # Imported here: throughput_policy imports this module.
             from sglang.srt.speculative.throughput_policy import ThroughputSpecPolicy
 
             return ThroughputSpecPolicy.from_server_args(server_args, worker)

@@ -36,7 +36,8 @@ a dwell so that a batch at the crossover does not flip every step.
   observed into the policy, summed over TP ranks (``PendingObservations``), so that
   every rank decides from the same inputs.
 
-The policy is pure Python: the TP sum is injected (``ThroughputSpecPolicy.from_server_args``).
+The policy is pure Python: ``ThroughputSpecPolicy.from_server_args`` injects the TP
+sum.
 """
 
 from __future__ import annotations
@@ -882,7 +883,7 @@ class ThroughputSpecPolicy:
     @classmethod
     def from_server_args(
         cls, server_args: ServerArgs, worker: EAGLEWorkerV2
-    ) -> "ThroughputSpecPolicy":
+    ) -> ThroughputSpecPolicy:
         """The ``auto`` policy of a server whose worker runs plain steps, choosing
         among the plain step and the speculative step counts the worker captured
         (the adaptive controller's candidates, or ``--speculative-num-steps``); its
