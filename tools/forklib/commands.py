@@ -20,7 +20,14 @@ from forklib.export import (
 )
 from forklib.layout import UPSTREAM_PACKAGE, Layout
 from forklib.pin import Pin, PinnedWheel, write_pin
-from forklib.series import Patch, ScratchRepo, run_git, touched_files
+from forklib.series import (
+    Patch,
+    ScratchRepo,
+    apply_in,
+    run_git,
+    touched_files,
+    write_files,
+)
 from forklib.tree import (
     State,
     Upstream,
@@ -266,16 +273,6 @@ def _is_test(rel: str) -> bool:
     return path.parts[0] == "test" and path.match("test_*.py")
 
 
-def _write_files(root: Path, files: Dict[str, Optional[bytes]]) -> None:
-    for rel, content in files.items():
-        path = root / rel
-        if content is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
-
-
 def _test_each_commit(
     layout: Layout, upstream: Upstream, ours: Dict[str, bytes], groups: List[List[str]]
 ) -> int:
@@ -290,9 +287,8 @@ def _test_each_commit(
             if (layout.root / name).is_file():
                 shutil.copy(layout.root / name, tree)
         for k, rels in enumerate(groups):
-            if k < len(upstream.series):
-                _write_files(tree, upstream.patched(upstream.series[: k + 1]))
-            _write_files(tree, {rel: ours[rel] for rel in rels})
+            apply_in(tree, upstream.series[k : k + 1])
+            write_files(tree, {rel: ours[rel] for rel in rels})
             tests = [rel for rel in rels if _is_test(rel)]
             if not tests:
                 continue

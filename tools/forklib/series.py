@@ -93,6 +93,27 @@ def describe_apply_failure(patch: Patch, stderr: str) -> str:
     )
 
 
+def write_files(root: Path, files: Dict[str, Optional[bytes]]) -> None:
+    """Write these files (path relative to root -> bytes) under root; None deletes."""
+    for rel, content in files.items():
+        target = root / rel
+        if content is None:
+            target.unlink(missing_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+
+
+def apply_in(directory: Path, series: Sequence[Patch]) -> None:
+    """Apply the series to the files of this directory, in place."""
+    for patch in series:
+        result = run_git(
+            ["apply", "--verbose", str(patch.path.resolve())], directory, check=False
+        )
+        if result.returncode != 0:
+            raise ForkError(describe_apply_failure(patch, result.stderr))
+
+
 def apply_series(
     repo_files: Dict[str, Optional[bytes]], series: Sequence[Patch]
 ) -> Dict[str, Optional[bytes]]:
@@ -103,16 +124,8 @@ def apply_series(
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "tree"
         work.mkdir()
-        for rel, content in repo_files.items():
-            if content is not None:
-                (work / rel).parent.mkdir(parents=True, exist_ok=True)
-                (work / rel).write_bytes(content)
-        for patch in series:
-            result = run_git(
-                ["apply", "--verbose", str(patch.path.resolve())], work, check=False
-            )
-            if result.returncode != 0:
-                raise ForkError(describe_apply_failure(patch, result.stderr))
+        write_files(work, repo_files)
+        apply_in(work, series)
         return {
             rel: (work / rel).read_bytes() if (work / rel).is_file() else None
             for rel in touched_files(series)
@@ -174,13 +187,7 @@ class ScratchRepo:
         return commits
 
     def write_files(self, files: Dict[str, Optional[bytes]]) -> None:
-        for rel, content in files.items():
-            target = self.path / rel
-            if content is None:
-                target.unlink(missing_ok=True)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
+        write_files(self.path, files)
 
     def commit_all(self, message: str) -> str:
         self.git("add", "-A")
