@@ -1,16 +1,18 @@
-"""Upstream's own client (python -m sglang.benchmark.serving) at a point's concurrency,
-against the same server, beside ours (--bench-serving)."""
+"""Upstream's own client (python -m sglang.benchmark.serving) against the same server,
+beside ours (--bench-serving): at a point's concurrency, and on the content shift."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 from typing import List, Tuple
 
+from sglang.test.synthetic_spec_models import load_spec, prompt_text, region_prompt
 from sweep.configs import Config
 from sweep.stats import median_with_spread
 from sweep.workloads import point_requests
@@ -20,6 +22,8 @@ from sweep.workloads import point_requests
 BENCH_SERVING_MODULE = "sglang.benchmark.serving"
 # Nothing to download: the tokenizer is a local path, random-ids needs no dataset.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# The content shift's phases, by region of the content-shift pair.
+CONTENT_SHIFT_PHASES = ("easy", "hard")
 
 
 def bench_serving_enabled(args: argparse.Namespace) -> bool:
@@ -40,14 +44,12 @@ def bench_serving_command(
     concurrency: int,
     num_prompts: int,
     output_file: str,
+    workload: List[str],
 ) -> List[str]:
-    """Upstream's bench_serving at one concurrency, with our point's workload:
-    num_prompts prompts of --input-len random token ids (random-ids: no dataset to
-    download; sent as ids, as ours are), --output-len tokens each with ignore_eos
-    (its default), both exact or spread as bench_serving_lengths says, at most
-    `concurrency` in flight, all issued at once; the radix cache flushed after its
-    warm-up request. It appends its results as one JSON line to output_file."""
-    input_len, output_len, range_ratio = bench_serving_lengths(args)
+    """Upstream's bench_serving at one concurrency: num_prompts prompts of the
+    workload's dataset, at most `concurrency` in flight, all issued at once; the
+    radix cache flushed after its warm-up request. It appends its results as one
+    JSON line to output_file."""
     return [
         sys.executable,
         "-m",
@@ -60,15 +62,7 @@ def bench_serving_command(
         target,
         "--tokenizer",
         target,
-        "--dataset-name",
-        "random-ids",
-        "--tokenize-prompt",
-        "--random-input-len",
-        str(input_len),
-        "--random-output-len",
-        str(output_len),
-        "--random-range-ratio",
-        str(range_ratio),
+        *workload,
         "--num-prompts",
         str(num_prompts),
         "--max-concurrency",
@@ -80,6 +74,50 @@ def bench_serving_command(
         "--output-file",
         output_file,
     ]
+
+
+def random_ids_workload(args: argparse.Namespace) -> List[str]:
+    """Our points' workload: prompts of --input-len random token ids (random-ids: no
+    dataset to download; sent as ids, as ours are), --output-len tokens each with
+    ignore_eos (its default), both exact or spread as bench_serving_lengths says."""
+    input_len, output_len, range_ratio = bench_serving_lengths(args)
+    return [
+        "--dataset-name",
+        "random-ids",
+        "--tokenize-prompt",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--random-range-ratio",
+        str(range_ratio),
+    ]
+
+
+def prompts_file_workload(path: str, output_len: int) -> List[str]:
+    """The prompts of a file that write_prompts_file wrote, output_len tokens each
+    with ignore_eos."""
+    return [
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        path,
+        "--sharegpt-output-len",
+        str(output_len),
+    ]
+
+
+def write_prompts_file(prompts: List[List[int]], path: str) -> None:
+    """Prompts (token ids of the synthetic pair) as bench_serving's custom dataset
+    reads them: one conversation per line, the prompt as the text the pair's
+    tokenizer encodes to its ids, then an empty reply."""
+    with open(path, "w") as f:
+        for prompt in prompts:
+            turns = [
+                {"role": "user", "content": prompt_text(prompt)},
+                {"role": "assistant", "content": ""},
+            ]
+            f.write(json.dumps({"conversations": turns}) + "\n")
 
 
 def bench_serving_lengths(args: argparse.Namespace) -> Tuple[int, int, float]:
@@ -106,34 +144,104 @@ def run_bench_serving(
     log_dir: str,
 ) -> dict:
     """--bench-serving: upstream's bench_serving at a point's concurrency against
-    the config's server, --repeats times; its output tok/s (median, spread), TTFT
-    and TPOT, from its --output-file. Its output goes to the log directory."""
+    the config's server, as many prompts as one of the point's closed loops,
+    --repeats times; its output tok/s (median, spread), TTFT and TPOT, from its
+    --output-file. Its output goes to the log directory."""
     num = point_requests(args, concurrency)
-    output_file = os.path.join(
-        log_dir, f"{config.name}-bench-serving-c{concurrency}.jsonl"
+    output_file = fresh_output_file(
+        log_dir, f"{config.name}-bench-serving-c{concurrency}"
     )
-    if os.path.exists(output_file):
-        os.remove(output_file)  # it appends
-    command = bench_serving_command(args, target, concurrency, num, output_file)
-    log_path = os.path.join(log_dir, f"{config.name}-bench-serving.log")
-    with open(log_path, "a") as log:
-        for _ in range(args.repeats):
-            done = subprocess.run(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **OFFLINE_ENV},
-            )
-            if done.returncode != 0:
-                raise RuntimeError(
-                    f"{config.name} C={concurrency}: bench_serving exited with "
-                    f"{done.returncode}; see {log_path}"
-                )
+    command = bench_serving_command(
+        args, target, concurrency, num, output_file, random_ids_workload(args)
+    )
+    for _ in range(args.repeats):
+        run_once(command, log_dir, config, f"C={concurrency}")
     return {**bench_serving_result(output_file, num), "command": command}
 
 
-def bench_serving_result(output_file: str, num_prompts: int) -> dict:
-    """The runs bench_serving appended to output_file, summarized."""
+def run_content_shift_bench_serving(
+    args: argparse.Namespace, config: Config, target: str, log_dir: str
+) -> dict:
+    """--bench-serving with --content-shift C: upstream's bench_serving at C on easy
+    prompts, then at once on hard ones (as many of each as one of our closed loops
+    at C has), --repeats times: the median total output tok/s (both phases'
+    tokens over both phases' durations) with its spread, and each phase's median."""
+    concurrency = args.content_shift
+    num = point_requests(args, concurrency)
+    spec = load_spec(os.path.dirname(target))
+    phases = []
+    for region, name in enumerate(CONTENT_SHIFT_PHASES):
+        rng = random.Random(region)
+        prompts_file = os.path.join(log_dir, f"content-shift-{name}-prompts.jsonl")
+        write_prompts_file(
+            [region_prompt(spec, region, args.input_len, rng) for _ in range(num)],
+            prompts_file,
+        )
+        output_file = fresh_output_file(
+            log_dir, f"{config.name}-bench-serving-shift-{name}"
+        )
+        workload = prompts_file_workload(prompts_file, args.output_len)
+        phases.append(
+            (
+                name,
+                bench_serving_command(
+                    args, target, concurrency, num, output_file, workload
+                ),
+                output_file,
+            )
+        )
+    for _ in range(args.repeats):
+        for name, command, _ in phases:
+            run_once(command, log_dir, config, f"content shift, {name} prompts")
+    runs = [bench_serving_runs(output_file, num) for _, _, output_file in phases]
+    totals = [
+        sum(run["total_output_tokens"] for run in repeat)
+        / sum(run["duration"] for run in repeat)
+        for repeat in zip(*runs)
+    ]
+    return {
+        "concurrency": concurrency,
+        **median_with_spread(totals),
+        "phases": [
+            {
+                "prompts": name,
+                "output_tok_s": statistics.median(
+                    run["output_throughput"] for run in phase_runs
+                ),
+            }
+            for (name, _, _), phase_runs in zip(phases, runs)
+        ],
+        "commands": [command for _, command, _ in phases],
+    }
+
+
+def fresh_output_file(log_dir: str, name: str) -> str:
+    output_file = os.path.join(log_dir, f"{name}.jsonl")
+    if os.path.exists(output_file):
+        os.remove(output_file)  # bench_serving appends
+    return output_file
+
+
+def run_once(command: List[str], log_dir: str, config: Config, what: str) -> None:
+    """One bench_serving run, its output appended to the config's log."""
+    log_path = os.path.join(log_dir, f"{config.name}-bench-serving.log")
+    with open(log_path, "a") as log:
+        done = subprocess.run(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **OFFLINE_ENV},
+        )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{config.name} {what}: bench_serving exited with "
+            f"{done.returncode}; see {log_path}"
+        )
+
+
+def bench_serving_runs(output_file: str, num_prompts: int) -> List[dict]:
+    """The runs bench_serving appended to output_file, each of which completed
+    every prompt."""
     with open(output_file) as f:
         runs = [json.loads(line) for line in f if line.strip()]
     if not runs or any(run["completed"] != num_prompts for run in runs):
@@ -141,6 +249,12 @@ def bench_serving_result(output_file: str, num_prompts: int) -> dict:
             f"{output_file}: bench_serving completed "
             f"{[run['completed'] for run in runs]} of {num_prompts} requests per run"
         )
+    return runs
+
+
+def bench_serving_result(output_file: str, num_prompts: int) -> dict:
+    """The runs bench_serving appended to output_file, summarized."""
+    runs = bench_serving_runs(output_file, num_prompts)
     return {
         "num_requests": sum(run["completed"] for run in runs),
         **median_with_spread(run["output_throughput"] for run in runs),

@@ -260,7 +260,7 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
         "--input-len token ids, --output-len tokens (with --output-len-spread, both "
         "spread by S), as many prompts as one of the "
         "point's closed loops, --repeats times) and record its output tok/s beside "
-        "ours",
+        "ours; with --content-shift, also run it on that shift",
     )
     parser.add_argument(
         "--decode-rate",

@@ -7,7 +7,12 @@ import argparse
 import os
 from typing import Callable, List
 
-from sweep.bench_serving import bench_serving_at, run_bench_serving
+from sweep.bench_serving import (
+    bench_serving_at,
+    bench_serving_enabled,
+    run_bench_serving,
+    run_content_shift_bench_serving,
+)
 from sweep.client import PromptSource
 from sweep.configs import Config
 from sweep.server import decode_throughput, decode_windows, server_state, serving
@@ -86,6 +91,11 @@ def run_config(
         if args.content_shift:
             record["content_shift"] = run_content_shift(args, config, target)
             save_with_decode_throughput(record)
+            if bench_serving_enabled(args):
+                record["content_shift"]["bench_serving"] = (
+                    run_content_shift_bench_serving(args, config, target, log_dir)
+                )
+                save_with_decode_throughput(record)
 
 
 def run_decode_rate(

@@ -154,17 +154,28 @@ def content_shift_table(records: List[dict]) -> str:
         return ""
     lines = [
         "\nContent shift (--content-shift): output tok/s of C clients, easy prompts "
-        "then hard ones, one phase each; median of the repeats [min-max]:\n",
+        "then hard ones, one phase each; median of the repeats [min-max]. With "
+        "--bench-serving, upstream's bench_serving then ran the same shift (a run on "
+        "easy prompts, at once a run on hard ones):\n",
         *table_head(["config", "C", "total", "easy phase", "hard phase"]),
     ]
     for record in shifted:
         shift = record["content_shift"]
-        easy, hard = (p["output_tok_s"] for p in shift["phases"])
         lines.append(
-            f"| {record['config']} | {shift['concurrency']} | "
-            f"{rate_with_spread(shift)} | {easy:.0f} | {hard:.0f} |"
+            f"| {record['config']} | {shift['concurrency']} | {phased(shift)} |"
         )
+        if "bench_serving" in shift:
+            lines.append(
+                f"| {record['config']}, bench_serving | {shift['concurrency']} | "
+                f"{phased(shift['bench_serving'])} |"
+            )
     return "\n".join(lines) + "\n"
+
+
+def phased(measured: dict) -> str:
+    """Total and per-phase output tok/s cells of a phased load."""
+    phases = (f"{p['output_tok_s']:.0f}" for p in measured["phases"])
+    return " | ".join([rate_with_spread(measured), *phases])
 
 
 def repeated_prompts_note(records: List[dict]) -> str:

@@ -841,6 +841,17 @@ def _write_draft(
     )
 
 
+def token_name(token_id: int) -> str:
+    """The synthetic tokenizer's string for a token that is not special."""
+    return f"w{token_id}"
+
+
+def prompt_text(token_ids: Sequence[int]) -> str:
+    """Text that the synthetic tokenizer encodes to ``token_ids`` (it adds no
+    special tokens)."""
+    return " ".join(map(token_name, token_ids))
+
+
 def _write_tokenizer(
     out_dir: str,
     vocab_size: int,
@@ -850,7 +861,7 @@ def _write_tokenizer(
     """Token ``i`` is ``"w<i>"`` (after the special tokens), or ``renamed[i]``."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-    names = {i: f"w{i}" for i in range(NUM_SPECIAL_TOKENS, vocab_size)}
+    names = {i: token_name(i) for i in range(NUM_SPECIAL_TOKENS, vocab_size)}
     names.update(renamed or {})
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     vocab.update({name: i for i, name in names.items()})

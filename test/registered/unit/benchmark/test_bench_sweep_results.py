@@ -21,6 +21,7 @@ from typing import Callable, List
 from unittest import mock
 
 from aiohttp import web
+from transformers import AutoTokenizer
 
 from sglang.srt.speculative.adaptive_spec_params import (
     resolve_candidate_steps_from_config,
@@ -34,7 +35,7 @@ from sglang.test.spec_engine_utils import (
     load_benchmark_script,
     synthetic_pair,
 )
-from sglang.test.synthetic_spec_models import parse_draft_accept
+from sglang.test.synthetic_spec_models import load_spec, parse_draft_accept
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
@@ -1277,11 +1278,19 @@ class TestBenchSweepResults(CustomTestCase):
             output_len_spread=0.0,
         )
 
+    def random_ids_command(self, args: argparse.Namespace) -> List[str]:
+        return sweep.bench_serving.bench_serving_command(
+            args,
+            "/models/t",
+            8,
+            32,
+            "/o.jsonl",
+            sweep.bench_serving.random_ids_workload(args),
+        )
+
     def test_bench_serving_gets_our_workload_offline(self):
         args = self.bench_serving_args()
-        command = sweep.bench_serving.bench_serving_command(
-            args, "/models/t", 8, 32, "/o.jsonl"
-        )
+        command = self.random_ids_command(args)
         self.assertEqual(
             command[:3], [sys.executable, "-m", "sglang.benchmark.serving"]
         )
@@ -1316,9 +1325,7 @@ class TestBenchSweepResults(CustomTestCase):
         # --output-len-spread S: bench_serving's one ratio spreads prompts and outputs
         # alike, both around their means by S.
         args.output_len_spread = 0.5
-        spread = sweep.bench_serving.bench_serving_command(
-            args, "/models/t", 8, 32, "/o.jsonl"
-        )
+        spread = self.random_ids_command(args)
         lengths = {
             flag: float(spread[spread.index(flag) + 1])
             for flag in (
@@ -1417,10 +1424,9 @@ class TestBenchSweepResults(CustomTestCase):
             with self.assertRaisesRegex(RuntimeError, r"completed \[4, 4, 4\] of 5"):
                 sweep.bench_serving.bench_serving_result(str(path), 5)
 
-    def test_bench_serving_runs_against_the_server_offline(self):
-        """The real bench_serving of this sglang, against a stand-in server that
-        streams text as a server with its tokenizer does."""
-        generated, flushed = [], []
+    def bench_serving_stand_in(self, generated: List[dict], flushed: List[bool]):
+        """Routes of a stand-in server that streams text as a server with its
+        tokenizer does; it keeps the requests it got and its cache flushes."""
 
         async def generate(request):
             body = await request.json()
@@ -1448,12 +1454,17 @@ class TestBenchSweepResults(CustomTestCase):
         async def info(request):
             return web.json_response({})
 
-        routes = [
+        return [
             web.post("/generate", generate),
             web.post("/flush_cache", flush),
             web.get("/v1/models", models),
             web.get("/server_info", info),
         ]
+
+    def test_bench_serving_runs_against_the_server_offline(self):
+        """The real bench_serving of this sglang, against a stand-in server."""
+        generated, flushed = [], []
+        routes = self.bench_serving_stand_in(generated, flushed)
         config = sweep.configs.KNOWN_CONFIGS["nospec"]
         with tempfile.TemporaryDirectory() as root, mock.patch.dict(
             os.environ, {"SGLANG_SYNTHETIC_MODELS_DIR": root}
@@ -1480,6 +1491,105 @@ class TestBenchSweepResults(CustomTestCase):
         )
         self.assertTrue(all(b["sampling_params"]["ignore_eos"] for b in measured))
         self.assertEqual(len({tuple(b["input_ids"]) for b in measured}), 4)
+
+    def test_bench_serving_runs_the_content_shift_easy_then_hard(self):
+        """The real bench_serving on the content shift: a run on prompts ending in
+        the easy region's tokens, then one on the hard region's, sent as text that
+        the pair's tokenizer reads back as those tokens, --repeats times."""
+        generated, flushed = [], []
+        routes = self.bench_serving_stand_in(generated, flushed)
+        config = sweep.configs.KNOWN_CONFIGS["auto-topk1"]
+        with tempfile.TemporaryDirectory() as root, mock.patch.dict(
+            os.environ, {"SGLANG_SYNTHETIC_MODELS_DIR": root}
+        ):
+            target, _ = synthetic_pair("tiny", (0.95, 0.3))
+            regions = load_spec(os.path.dirname(target))["region_tokens"]
+            tokenizer = AutoTokenizer.from_pretrained(target)
+
+            async def load(url):
+                args = self.bench_serving_args(url)
+                args.content_shift, args.repeats = 2, 2
+                return await asyncio.to_thread(
+                    sweep.bench_serving.run_content_shift_bench_serving,
+                    args,
+                    config,
+                    target,
+                    root,
+                )
+
+            result = self.against_server(None, load, routes)
+        # per repeat: a warm-up request and 4 easy ones, then the same of hard ones
+        self.assertEqual(len(generated), 20)
+        self.assertEqual(flushed, [True] * 4)
+        last_tokens = []
+        for body in generated:
+            ids = tokenizer.encode(body["text"])
+            self.assertEqual(len(ids), 16)
+            self.assertEqual(body["sampling_params"]["max_new_tokens"], 8)
+            self.assertTrue(body["sampling_params"]["ignore_eos"])
+            last_tokens.append(ids[-1])
+        for start in (0, 10):
+            self.assertTrue(
+                all(t in regions[0] for t in last_tokens[start : start + 5])
+            )
+            self.assertTrue(
+                all(t in regions[1] for t in last_tokens[start + 5 : start + 10])
+            )
+        self.assertEqual(result["concurrency"], 2)
+        self.assertEqual([p["prompts"] for p in result["phases"]], ["easy", "hard"])
+        rates = [p["output_tok_s"] for p in result["phases"]]
+        self.assertTrue(all(rate > 0 for rate in rates))
+        # both phases' tokens over both phases' durations: between the phases' rates
+        self.assertLessEqual(min(rates) * 0.999, result["output_tok_s"])
+        self.assertLessEqual(result["output_tok_s"], max(rates) * 1.001)
+        self.assertLessEqual(result["output_tok_s_min"], result["output_tok_s_max"])
+
+    def test_the_content_shift_runs_bench_serving_when_asked(self):
+        shifts = []
+
+        @contextlib.contextmanager
+        def serving(args, config, target, draft, prompts, warmup, log_path):
+            Path(log_path).write_text("")
+            yield sweep.server.Launched({"server_args": [], "env": {}}, 7)
+
+        def run_content_shift_bench_serving(args, config, target, log_dir):
+            shifts.append((config.name, dict(saved[-1]["content_shift"])))
+            return {"output_tok_s": 2.0}
+
+        args = argparse.Namespace(
+            url="u",
+            concurrency=[8],
+            ramp=[1],
+            input_len=4,
+            output_len=2,
+            steady=False,
+            output_len_spread=0.0,
+            bench_serving=[1],
+            content_shift=8,
+        )
+        saved = []
+        with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
+            sweep.runs,
+            serving=serving,
+            server_state=lambda url: {"memory_usage": {"token_capacity": 9}},
+            measure_point=lambda args, config, prompts, c, pid: {"concurrency": c},
+            run_ramp=lambda args, config, prompts: {},
+            run_content_shift=lambda args, config, target: {"output_tok_s": 1.0},
+            run_content_shift_bench_serving=run_content_shift_bench_serving,
+            tqdm=lambda items, desc: items,
+        ):
+            config = sweep.configs.KNOWN_CONFIGS["auto-topk1"]
+            sweep.runs.run_config(args, config, "/t", "/d", log_dir, saved.append)
+            # ours is saved before bench_serving runs: a call cut off keeps it
+            self.assertEqual(shifts, [("auto-topk1", {"output_tok_s": 1.0})])
+            self.assertEqual(
+                saved[-1]["content_shift"],
+                {"output_tok_s": 1.0, "bench_serving": {"output_tok_s": 2.0}},
+            )
+            args.bench_serving = None
+            sweep.runs.run_config(args, config, "/t", "/d", log_dir, saved.append)
+        self.assertEqual(len(shifts), 1)
+        self.assertNotIn("bench_serving", saved[-1]["content_shift"])
 
     def test_bench_serving_is_recorded_beside_our_point(self):
         record = self.record("nospec", 100.0)
@@ -2117,6 +2227,16 @@ class TestBenchSweepResults(CustomTestCase):
         }
         table = sweep.tables.content_shift_table([record, {"config": "nospec"}])
         self.assertIn("| auto-topk1 | 32 | 900 [880-910] | 1200 | 600 |", table)
+        self.assertNotIn("bench_serving |", table)
+        record["content_shift"]["bench_serving"] = {
+            "output_tok_s": 850.0,
+            "phases": [
+                {"prompts": "easy", "output_tok_s": 1100.0},
+                {"prompts": "hard", "output_tok_s": 590.0},
+            ],
+        }
+        table = sweep.tables.content_shift_table([record])
+        self.assertIn("| auto-topk1, bench_serving | 32 | 850 | 1100 | 590 |", table)
         self.assertEqual(sweep.tables.content_shift_table([{"config": "nospec"}]), "")
 
 
