@@ -168,28 +168,7 @@ def run_content_shift_bench_serving(
     tokens over both phases' durations) with its spread, and each phase's median."""
     concurrency = args.content_shift
     num = point_requests(args, concurrency)
-    spec = load_spec(os.path.dirname(target))
-    phases = []
-    for region, name in enumerate(CONTENT_SHIFT_PHASES):
-        rng = random.Random(region)
-        prompts_file = os.path.join(log_dir, f"content-shift-{name}-prompts.jsonl")
-        write_prompts_file(
-            [region_prompt(spec, region, args.input_len, rng) for _ in range(num)],
-            prompts_file,
-        )
-        output_file = fresh_output_file(
-            log_dir, f"{config.name}-bench-serving-shift-{name}"
-        )
-        workload = prompts_file_workload(prompts_file, args.output_len)
-        phases.append(
-            (
-                name,
-                bench_serving_command(
-                    args, target, concurrency, num, output_file, workload
-                ),
-                output_file,
-            )
-        )
+    phases = content_shift_phases(args, config, target, num, log_dir)
     for _ in range(args.repeats):
         for name, command, _ in phases:
             run_once(command, log_dir, config, f"content shift, {name} prompts")
@@ -213,6 +192,31 @@ def run_content_shift_bench_serving(
         ],
         "commands": [command for _, command, _ in phases],
     }
+
+
+def content_shift_phases(
+    args: argparse.Namespace, config: Config, target: str, num: int, log_dir: str
+) -> List[Tuple[str, List[str], str]]:
+    """Per phase of the content shift: its name, the bench_serving command at C on
+    a file of `num` prompts of its region of the pair, and its output file."""
+    spec = load_spec(os.path.dirname(target))
+    phases = []
+    for region, name in enumerate(CONTENT_SHIFT_PHASES):
+        rng = random.Random(region)
+        prompts_file = os.path.join(log_dir, f"content-shift-{name}-prompts.jsonl")
+        write_prompts_file(
+            [region_prompt(spec, region, args.input_len, rng) for _ in range(num)],
+            prompts_file,
+        )
+        output_file = fresh_output_file(
+            log_dir, f"{config.name}-bench-serving-shift-{name}"
+        )
+        workload = prompts_file_workload(prompts_file, args.output_len)
+        command = bench_serving_command(
+            args, target, args.content_shift, num, output_file, workload
+        )
+        phases.append((name, command, output_file))
+    return phases
 
 
 def fresh_output_file(log_dir: str, name: str) -> str:
