@@ -80,9 +80,10 @@ def config_order(record: dict) -> Tuple[int, int]:
 
 def pooled_records(records: List[dict]) -> List[dict]:
     """One record per config. A config measured in several fresh servers
-    (--servers) gets, at each concurrency all of them measured and for the ramp,
-    the median of the servers' output tok/s, their min and max as the spread and
-    each server's value; its other fields are its first server's."""
+    (--servers) gets, at each concurrency all of them measured, for the ramp and
+    the content shift, and for bench_serving's runs there, the median of the
+    servers' output tok/s, their min and max as the spread and each server's
+    value; its other fields are its first server's."""
     by_config: Dict[str, List[dict]] = {}
     for record in records:
         by_config.setdefault(record["config"], []).append(record)
@@ -111,12 +112,16 @@ def pooled_record(group: List[dict]) -> dict:
 
 def pooled_rates(measured: List[dict]) -> dict:
     """A point (or ramp) measured in several servers: the first's fields, with
-    output tok/s the median over the servers and their min and max."""
-    return {
+    output tok/s the median over the servers and their min and max, and so for
+    bench_serving's where every server ran it."""
+    pooled = {
         **measured[0],
         **median_with_spread(m["output_tok_s"] for m in measured),
         "servers_output_tok_s": [m["output_tok_s"] for m in measured],
     }
+    if all("bench_serving" in m for m in measured):
+        pooled["bench_serving"] = pooled_rates([m["bench_serving"] for m in measured])
+    return pooled
 
 
 @contextlib.contextmanager

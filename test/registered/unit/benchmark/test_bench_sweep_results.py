@@ -1978,6 +1978,7 @@ class TestBenchSweepResults(CustomTestCase):
         with tempfile.TemporaryDirectory() as out_dir:
             for server, speed in enumerate((100.0, 130.0, 110.0)):
                 record = {**self.record("nospec", speed), "server": server}
+                record["points"][1]["bench_serving"] = {"output_tok_s": speed * 7}
                 records = self.merge(out_dir, record)
             self.assertEqual(len(records), 3)  # one per server in raw.json
             unfinished = {**self.record("nospec", 500.0), "server": 1}
@@ -1991,6 +1992,12 @@ class TestBenchSweepResults(CustomTestCase):
                 (at_8["output_tok_s_min"], at_8["output_tok_s_max"]), (800.0, 1040.0)
             )
             self.assertEqual(at_8["servers_output_tok_s"], [800.0, 1040.0, 880.0])
+            theirs = at_8["bench_serving"]
+            self.assertEqual(theirs["output_tok_s"], 770.0)
+            self.assertEqual(
+                (theirs["output_tok_s_min"], theirs["output_tok_s_max"]), (700.0, 910.0)
+            )
+            self.assertNotIn("bench_serving", pooled["points"][0])
             self.assertEqual(pooled["ramp"]["output_tok_s"], 440.0)
             sweep.results.write_results(out_dir, records)
             summary = json.loads(Path(out_dir, "summary.json").read_text())
