@@ -1545,49 +1545,26 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertLessEqual(result["output_tok_s_min"], result["output_tok_s_max"])
 
     def test_the_content_shift_runs_bench_serving_when_asked(self):
-        shifts = []
-
-        @contextlib.contextmanager
-        def serving(args, config, target, draft, prompts, warmup, log_path):
-            Path(log_path).write_text("")
-            yield sweep.server.Launched({"server_args": [], "env": {}}, 7)
+        shifts, saved = [], []
 
         def run_content_shift_bench_serving(args, config, target, log_dir):
             shifts.append((config.name, dict(saved[-1]["content_shift"])))
             return {"output_tok_s": 2.0}
 
-        args = argparse.Namespace(
-            url="u",
-            concurrency=[8],
-            ramp=[1],
-            input_len=4,
-            output_len=2,
-            steady=False,
-            output_len_spread=0.0,
-            bench_serving=[1],
-            content_shift=8,
-        )
-        saved = []
-        with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
-            sweep.runs,
-            serving=serving,
-            server_state=lambda url: {"memory_usage": {"token_capacity": 9}},
-            measure_point=lambda args, config, prompts, c, pid: {"concurrency": c},
-            run_ramp=lambda args, config, prompts: {},
+        patches = dict(
             run_content_shift=lambda args, config, target: {"output_tok_s": 1.0},
             run_content_shift_bench_serving=run_content_shift_bench_serving,
-            tqdm=lambda items, desc: items,
-        ):
-            config = sweep.configs.KNOWN_CONFIGS["auto-topk1"]
-            sweep.runs.run_config(args, config, "/t", "/d", log_dir, saved.append)
-            # ours is saved before bench_serving runs: a call cut off keeps it
-            self.assertEqual(shifts, [("auto-topk1", {"output_tok_s": 1.0})])
-            self.assertEqual(
-                saved[-1]["content_shift"],
-                {"output_tok_s": 1.0, "bench_serving": {"output_tok_s": 2.0}},
-            )
-            args.bench_serving = None
-            sweep.runs.run_config(args, config, "/t", "/d", log_dir, saved.append)
+        )
+        args = self.run_config_args(concurrency=[8], bench_serving=[1], content_shift=8)
+        self.run_config_on_stand_ins(args, "auto-topk1", saved, **patches)
+        # ours is saved before bench_serving runs: a call cut off keeps it
+        self.assertEqual(shifts, [("auto-topk1", {"output_tok_s": 1.0})])
+        self.assertEqual(
+            saved[-1]["content_shift"],
+            {"output_tok_s": 1.0, "bench_serving": {"output_tok_s": 2.0}},
+        )
+        args.bench_serving = None
+        self.run_config_on_stand_ins(args, "auto-topk1", saved, **patches)
         self.assertEqual(len(shifts), 1)
         self.assertNotIn("bench_serving", saved[-1]["content_shift"])
 
@@ -1653,42 +1630,56 @@ class TestBenchSweepResults(CustomTestCase):
         for args in (every, listed):
             self.assertTrue(sweep.bench_serving.bench_serving_enabled(args))
 
-    def test_a_point_runs_bench_serving_when_asked(self):
-        calls = []
+    def run_config_on_stand_ins(
+        self, args: argparse.Namespace, config: str, saved: List[dict], **patches
+    ) -> None:
+        """run_config of `config` against a stand-in server with stand-in points and
+        ramp (``patches`` replace more of sweep.runs); it appends to ``saved``
+        every record it saves."""
 
         @contextlib.contextmanager
         def serving(args, config, target, draft, prompts, warmup, log_path):
             Path(log_path).write_text("")
             yield sweep.server.Launched({"server_args": [], "env": {}}, 7)
 
-        def run_bench_serving(args, config, target, concurrency, log_dir):
-            saved_points = [p["concurrency"] for p in saved[-1]["points"]]
-            calls.append((config.name, target, concurrency, saved_points))
-            return {"output_tok_s": 1.0}
+        stand_ins = dict(
+            serving=serving,
+            server_state=lambda url: {"memory_usage": {"token_capacity": 9}},
+            measure_point=lambda args, config, prompts, c, pid: {"concurrency": c},
+            run_ramp=lambda args, config, prompts: {},
+            tqdm=lambda items, desc: items,
+        )
+        with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
+            sweep.runs, **{**stand_ins, **patches}
+        ):
+            config = sweep.configs.KNOWN_CONFIGS[config]
+            sweep.runs.run_config(args, config, "/t", "/d", log_dir, saved.append)
 
-        args = argparse.Namespace(
+    def run_config_args(self, **kwargs) -> argparse.Namespace:
+        return argparse.Namespace(
             url="u",
-            concurrency=[1, 8],
             ramp=[1],
             input_len=4,
             output_len=2,
             steady=False,
             output_len_spread=0.0,
-            bench_serving=[8],
-            content_shift=None,
+            **kwargs,
         )
-        saved = []
-        with tempfile.TemporaryDirectory() as log_dir, mock.patch.multiple(
-            sweep.runs,
-            serving=serving,
-            server_state=lambda url: {"memory_usage": {"token_capacity": 9}},
-            measure_point=lambda args, config, prompts, c, pid: {"concurrency": c},
-            run_bench_serving=run_bench_serving,
-            run_ramp=lambda args, config, prompts: {},
-            tqdm=lambda items, desc: items,
-        ):
-            config = sweep.configs.KNOWN_CONFIGS["nospec"]
-            sweep.runs.run_config(args, config, "/t", "/d", log_dir, saved.append)
+
+    def test_a_point_runs_bench_serving_when_asked(self):
+        calls, saved = [], []
+
+        def run_bench_serving(args, config, target, concurrency, log_dir):
+            saved_points = [p["concurrency"] for p in saved[-1]["points"]]
+            calls.append((config.name, target, concurrency, saved_points))
+            return {"output_tok_s": 1.0}
+
+        args = self.run_config_args(
+            concurrency=[1, 8], bench_serving=[8], content_shift=None
+        )
+        self.run_config_on_stand_ins(
+            args, "nospec", saved, run_bench_serving=run_bench_serving
+        )
         # the point is saved before bench_serving runs: a call cut off keeps it
         self.assertEqual(calls, [("nospec", "/t", 8, [1, 8])])
         self.assertEqual(
