@@ -29,7 +29,6 @@ import dataclasses
 import json
 import os
 import random
-import re
 import subprocess
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -43,13 +42,15 @@ from sglang.test.synthetic_spec_models import (
     detoured_continuation,
     greedy_continuation,
     next_token_map,
+    token_ids_in,
+    token_name,
+    token_regex,
 )
 
 CONCURRENCY_LEVELS = (1, 2, 8, 32, 64, 128, 256)
 GPU_SAMPLE_SECONDS = 10.0
 CONTEXT_MARGIN = 64
 KINDS = ("plain", "logprob", "stop", "grammar")
-TOKEN_TEXT = re.compile(r"w(\d+)")
 
 
 @dataclasses.dataclass
@@ -124,12 +125,12 @@ class RequestMaker:
         )
         if at is None:
             return self._plain(prompt, n)
-        params = greedy_params(n, stop=[f"w{continuation[at]}"])
+        params = greedy_params(n, stop=[token_name(continuation[at])])
         return SoakRequest("stop", prompt, params, continuation[:at])
 
     def _grammar(self, prompt: List[int], n: int) -> SoakRequest:
         wanted = detoured_continuation(self.token_map, prompt, n, self.rng.randrange(n))
-        params = greedy_params(n, regex="".join(f"w{t}" for t in wanted))
+        params = greedy_params(n, regex=token_regex(wanted))
         return SoakRequest("grammar", prompt, params, wanted)
 
 
@@ -139,7 +140,7 @@ def outcome_of(request: SoakRequest, body: dict) -> Tuple[str, Optional[str]]:
         return "error", str(body["error"])
     meta = body["meta_info"]
     if request.kind == "stop":
-        got = [int(t) for t in TOKEN_TEXT.findall(body["text"])]
+        got = token_ids_in(body["text"])
         expected_finish = "stop"
     else:
         got, expected_finish = body["output_ids"], "length"

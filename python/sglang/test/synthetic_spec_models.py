@@ -143,6 +143,7 @@ import json
 import math
 import os
 import random
+import re
 import zlib
 from typing import (
     Callable,
@@ -181,6 +182,7 @@ TARGET_LAYER_NOISE = 0.05
 DRAFT_FILLER_NOISE = 0.05
 MAX_SHARD_BYTES = 4 * 1024**3
 SPEC_FILE = "synthetic_spec.json"
+TOKEN_NAME = re.compile(r"w(\d+)")
 # Token strings of write_json_object_tokenizer.
 JSON_OBJECT_OPENER = '{"a":"'
 JSON_OBJECT_CLOSER = '"}'
@@ -385,7 +387,7 @@ def detoured_continuation(
     ``at`` tokens, then a token it would not emit there, then the greedy
     continuation of that token. The forced token has a one-digit id: no other
     token's string ("w<id>") is a prefix of its, so a mask by string prefix
-    (xgrammar's) leaves it alone at that step. Its regex: ``"".join(f"w{t}")``."""
+    (xgrammar's) leaves it alone at that step. Its regex: ``token_regex``."""
     head = greedy_continuation(next_token, prompt_ids, at)
     previous = head[-1] if head else prompt_ids[-1]
     forced = next(t for t in range(3, 10) if t != next_token[previous])
@@ -850,6 +852,17 @@ def prompt_text(token_ids: Sequence[int]) -> str:
     """Text that the synthetic tokenizer encodes to ``token_ids`` (it adds no
     special tokens)."""
     return " ".join(map(token_name, token_ids))
+
+
+def token_regex(token_ids: Sequence[int]) -> str:
+    """A regex (with no special characters) that a grammar matches only by
+    emitting ``token_ids``: their strings joined."""
+    return "".join(map(token_name, token_ids))
+
+
+def token_ids_in(text: str) -> List[int]:
+    """The ids of the synthetic tokens whose strings ``text`` holds, in order."""
+    return [int(t) for t in TOKEN_NAME.findall(text)]
 
 
 def _write_tokenizer(

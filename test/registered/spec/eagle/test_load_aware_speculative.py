@@ -42,6 +42,8 @@ from sglang.test.synthetic_spec_models import (
     expected_accept_length,
     greedy_continuation,
     next_token_map,
+    token_ids_in,
+    token_name,
 )
 from sglang.test.test_utils import CustomTestCase
 
@@ -484,12 +486,12 @@ class MatrixMixin:
                 break
         self.assertEqual(len(prompts), 16, "prompts with a 4-digit token")
         params = [
-            greedy_params(64, stop=[f"w{self.intended(p, k)[-1]}"])
+            greedy_params(64, stop=[token_name(self.intended(p, k)[-1])])
             for p, k in zip(prompts, stop_at)
         ]
         outputs = post_concurrently(self.base_url, list(zip(prompts, params)))
         for prompt, k, out in zip(prompts, stop_at, outputs):
-            got = [int(t) for t in re.findall(r"w(\d+)", out["text"])]
+            got = token_ids_in(out["text"])
             self.assertEqual(got, self.intended(prompt, k)[:-1], out["text"])
             self.assertEqual(out["meta_info"]["finish_reason"]["type"], "stop")
         self.assert_server_alive_and_idle_clean()

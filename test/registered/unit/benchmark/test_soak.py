@@ -4,7 +4,6 @@ streaming), or gets some tokens wrong: the soak's checks must tell them apart.""
 
 import asyncio
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -14,7 +13,13 @@ from aiohttp import web
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.spec_engine_utils import load_benchmark_script, synthetic_pair
-from sglang.test.synthetic_spec_models import greedy_continuation, next_token_map
+from sglang.test.synthetic_spec_models import (
+    greedy_continuation,
+    next_token_map,
+    prompt_text,
+    token_ids_in,
+    token_name,
+)
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
@@ -67,11 +72,11 @@ class StandInServer:
         n = params["max_new_tokens"]
         finish = "length"
         if "regex" in params:
-            tokens = [int(t) for t in re.findall(r"w(\d+)", params["regex"])]
+            tokens = token_ids_in(params["regex"])
         else:
             tokens = greedy_continuation(self.token_map, body["input_ids"], n)
             stop = params.get("stop")
-            at = [f"w{t}" for t in tokens].index(stop[0]) if stop else n
+            at = list(map(token_name, tokens)).index(stop[0]) if stop else n
             if at < n - 1:  # the length is checked first, as upstream does
                 tokens, finish = tokens[:at], "stop"
         self.num_requests += 1
@@ -81,7 +86,7 @@ class StandInServer:
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[0.0, t, None] for t in tokens]
         return {
-            "text": " ".join(f"w{t}" for t in tokens),
+            "text": prompt_text(tokens),
             "output_ids": tokens,
             "meta_info": meta,
         }

@@ -44,6 +44,7 @@ from sglang.test.synthetic_spec_models import (
     expected_accept_length,
     greedy_continuation,
     next_token_map,
+    token_regex,
     write_json_object_tokenizer,
 )
 from sglang.test.test_utils import CustomTestCase
@@ -59,11 +60,6 @@ LONE_REQUEST_TOKENS = 128
 # this pair: within about 12%. A stale draft KV gives 1 in the rounds after a
 # resume: with a resume before at least every other round, < (predicted + 1) / 2.
 ACCEPT_TOLERANCE = 0.2
-
-
-def token_string(tokens: Sequence[int]) -> str:
-    """The synthetic tokens' strings ("w<id>") as a grammar matches them: joined."""
-    return "".join(f"w{t}" for t in tokens)
 
 
 def object_schema(value: str) -> str:
@@ -474,7 +470,7 @@ class TestChainThresholdGrammar(CpuEngineTestBase):
         prompts = self.prompts(len(self.lengths), seed=1)
         wanted = self.detoured(prompts)
         params = [
-            dict(greedy_params(n), regex=token_string(tokens))
+            dict(greedy_params(n), regex=token_regex(tokens))
             for n, tokens in zip(self.lengths, wanted)
         ]
         outputs = self.engine.generate(input_ids=prompts, sampling_params=params)
@@ -493,7 +489,7 @@ class TestChainThresholdGrammar(CpuEngineTestBase):
             self.assertNotIn(self.opener, tokens)
             self.assertNotIn(self.closer, tokens)
         params = [
-            dict(greedy_params(len(v) + 2), json_schema=object_schema(token_string(v)))
+            dict(greedy_params(len(v) + 2), json_schema=object_schema(token_regex(v)))
             for v in values
         ]
         outputs = self.engine.generate(input_ids=prompts, sampling_params=params)

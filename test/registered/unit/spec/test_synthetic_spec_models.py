@@ -568,6 +568,10 @@ class TestSyntheticSpecModels(CustomTestCase):
         text = tok.decode(ids)
         self.assertEqual(tok(text, add_special_tokens=True)["input_ids"], ids)
         self.assertEqual(tok("w5 </s> w17")["input_ids"], [5, ssm.EOS_TOKEN_ID, 17])
+        self.assertEqual(tok(ssm.prompt_text(ids))["input_ids"], ids)
+        self.assertEqual(ssm.token_ids_in(text), ids)
+        self.assertEqual(ssm.token_ids_in(ssm.token_regex(ids)), ids)
+        self.assertEqual(tok.decode([17]), ssm.token_name(17))
 
 
 def _relative_files(root: str) -> List[str]:
