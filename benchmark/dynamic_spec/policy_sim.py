@@ -448,6 +448,12 @@ def simulate(policy: SimPolicy, env: Environment, phases: Phases) -> Dict[str, f
     tokens = seconds = 0.0
     spec_steps = num_steps = 0
     step_costs = StepCosts({m: dict(by_bs) for m, by_bs in env.costs.items()})
+    largest = step_costs.batch_sizes[-1]
+    if any(bs > largest for bs, _ in phases):
+        # As in a server, whose running batch never outgrows its policy's buckets.
+        raise ValueError(
+            f"a phase's batch is beyond the step costs' largest, {largest}"
+        )
     phase_end = 0.0
     speculated = None
     for bs, duration in phases:

@@ -18,19 +18,19 @@ a dwell so that a batch at the crossover does not flip every step.
   predicted from the per-token acceptance of a chain fitted to the freshest one
   (``E = 1 + p + ... + p^s``).
 * ``ThroughputPolicy``: the decision. A mode not timed yet at a bucket is run for a
-  few steps (calibration, long enough for a median of several timed steps); after
-  ``probe_interval`` steps in one mode the other runs for ``explore_steps`` (a probe),
-  so that neither its time nor, while plain, the acceptance goes stale. Probes cost
-  ``explore_steps / probe_interval`` of the steps (1.6% by default), each at the
-  other mode's throughput. Where a probe can refresh only a step time (while
-  speculating, or plain at a batch where speculation would not pay even at the best
-  acceptance seen so far), the interval doubles at each probe, up to
-  ``max_probe_backoff`` times itself (0.8% by default), and is spaced by time (it
+  few steps (calibration, long enough for a median of several timed steps);
+  ``probe_interval`` steps after the last probe or calibration, the other mode runs
+  for ``explore_steps`` (a probe), so that neither its time nor, while plain, the
+  acceptance goes stale. Probes cost ``explore_steps / probe_interval`` of the steps
+  (1.6% by default), each at the other mode's throughput. Where a probe can refresh
+  only a step time (while speculating, or plain at a batch where speculation would not
+  pay even at the best acceptance seen so far), the interval doubles at each probe, up
+  to ``max_probe_backoff`` times itself (0.8% by default), and is spaced by time (it
   counts steps' worth of the probed mode's step: at a large batch a speculative step
-  can take several plain ones) and by the lead (times how many times faster the
-  probed mode's step would have to become to win: a time that must drift further
-  before it matters is refreshed less often). The dwell holds a new mode only while
-  the batch stays in the bucket it was chosen at.
+  can take several plain ones) and by the lead (times how many times faster the probed
+  mode's step would have to become to come within the margin: a time that must drift
+  further before it matters is refreshed less often). The dwell holds a new mode only
+  while the batch stays in the bucket it was chosen at.
 * ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
   launches of the running batch (``DecodeStepTimer``) and folds what the steps
   observed into the policy, summed over TP ranks (``PendingObservations``), so that
@@ -210,9 +210,7 @@ class StepCosts:
 
     def observe(self, mode: int, batch_size: int, seconds: float) -> None:
         """Add the measured time of one decode step (no prefill in it) to its
-        bucket's samples; batches beyond the largest bucket are not fed."""
-        if batch_size > self.batch_sizes[-1]:
-            return
+        bucket's samples."""
         i = self._index(batch_size)
         samples = self._samples[mode][i]
         samples.append(seconds)
@@ -248,6 +246,7 @@ class AcceptanceEstimate:
             raise ValueError("the acceptance estimate needs a prior")
         self.step_counts = sorted(step_counts)
         self.ema_alpha = ema_alpha
+        self._mean_span = int(1 / ema_alpha)
         self.stale_after = stale_after
         self._prior = dict(prior_accept_length)
         self._observed: Dict[int, float] = {}
@@ -270,25 +269,25 @@ class AcceptanceEstimate:
         num_verifies: int = 1,
     ) -> bool:
         """``num_verifies`` verify steps of one step count: ``num_tokens`` committed
-        by ``num_requests`` verified requests in all. Each verify step moves the EMA
-        alike, however they are grouped. Returns whether the estimate rose above
-        its best so far."""
+        by ``num_requests`` verified requests in all: the estimate moves as it would
+        for that many steps of the group's mean, one at a time. Returns whether the
+        estimate rose above its best so far."""
         if num_requests <= 0 or num_verifies <= 0:
             return False
         sample = num_tokens / num_requests
         best_before = self.best(num_steps)
-        verifies = self._verifies_of.get(num_steps, 0) + num_verifies
-        if verifies * self.ema_alpha <= 1:  # the mean of the first ones
-            weight = num_verifies / verifies
-        else:
-            weight = 1 - (1 - self.ema_alpha) ** num_verifies
+        seen = self._verifies_of.get(num_steps, 0)
+        verifies = seen + num_verifies
+        # The verify steps in the mean of the first ones; each later one is an EMA step.
+        averaged = max(seen, min(verifies, self._mean_span))
+        kept = seen / averaged * (1 - self.ema_alpha) ** (verifies - averaged)
         old = self._observed.get(num_steps, sample)
-        new = old + weight * (sample - old)
+        new = sample + kept * (old - sample)
         self._observed[num_steps] = new
         self._verifies_of[num_steps] = verifies
         self._num_verifies += num_verifies
         self._last_verify[num_steps] = self._num_verifies
-        if verifies * self.ema_alpha >= 1:
+        if verifies >= self._mean_span:
             self._best[num_steps] = max(self._best.get(num_steps, new), new)
         self._predicted.clear()
         return new > best_before
@@ -341,7 +340,7 @@ class ThroughputDecision(NamedTuple):
     reason: str
     toggled: bool  # True iff plain vs speculative differs from the previous step
     # Expected tokens/s of the best speculative mode over the plain step's, minus
-    # 1 (0 while unmeasured at this batch size): > 0 where speculation pays.
+    # 1 (0 while they are untimed at every bucket): > 0 where speculation pays.
     expected_gain: float
 
 
@@ -351,17 +350,18 @@ class ThroughputPolicy:
     A mode not yet timed at the batch's bucket is run for ``calibrate_steps`` steps
     (``calibrate``), at most once per ``probe_interval`` steps while its time has not
     arrived (meanwhile it is priced at the lower bound of its timed neighbours);
-    after ``probe_interval`` steps in one mode, the best other mode runs for
-    ``explore_steps`` (``probe``), which keeps its time and, while plain, the
-    acceptance current. Probes cost ``explore_steps / probe_interval`` of the steps,
+    ``probe_interval`` steps after the last probe or calibration, the best other mode
+    runs for ``explore_steps`` (``probe``), which keeps its time and, while plain, the
+    acceptance current. A change of mode does not restart that count: a mode entered
+    long after the last probe soon probes the one it left, which catches a change made
+    on a passing estimate. Probes cost ``explore_steps / probe_interval`` of the steps,
     run at the other mode's throughput. Where a probe can refresh only a step time
     (``_only_a_time_can_go_stale``), the interval is multiplied by the probed mode's
     step time over the current one's (probes take that share of the time, not of the
-    steps) and by the current mode's lead over it (``_lead``), and each probe
-    doubles it, up to ``max_probe_backoff`` times ``probe_interval``; any other
-    probe, a change of mode or, while plain, a new best acceptance resets it. A new
-    mode is held for ``min_dwell_steps`` steps while the batch stays in the bucket
-    it was chosen at.
+    steps) and by the current mode's lead over it (``_lead``), and each probe doubles
+    it, up to ``max_probe_backoff`` times ``probe_interval``; any other probe, a change
+    of mode or, while plain, a new best acceptance resets it. A new mode is held for
+    ``min_dwell_steps`` steps while the batch stays in the bucket it was chosen at.
     """
 
     def __init__(
@@ -425,8 +425,8 @@ class ThroughputPolicy:
         self, num_steps: int, batch_size: int, accept_length: Optional[float] = None
     ) -> Optional[float]:
         """Expected output tokens per second of one step of this mode, at the
-        acceptance estimate or at ``accept_length`` (None while unmeasured at this
-        batch size)."""
+        acceptance estimate or at ``accept_length`` (None while the mode is untimed
+        at every bucket)."""
         seconds = self.costs.estimate(num_steps, batch_size)
         if seconds is None:
             return None
@@ -521,9 +521,9 @@ class ThroughputPolicy:
             self._probe_interval_now = min(
                 2 * self._probe_interval_now, self.max_probe_interval
             )
+            self._probe_due = None
         else:
-            self._probe_interval_now = self.probe_interval
-        self._probe_due = None
+            self._reset_probe_interval()
         self.num_probes += 1
         return self._start_exploring(other, REASON_PROBE, self.explore_steps)
 
@@ -539,7 +539,7 @@ class ThroughputPolicy:
 
     def _step_cost_ratio(self, other: int, mode: int, batch_size: int) -> float:
         """How many steps of ``mode`` one step of ``other`` takes at this batch size
-        (at least 1; 1 while either is untimed)."""
+        (at least 1; 1 while either is untimed at every bucket)."""
         theirs = self.costs.estimate(other, batch_size)
         mine = self.costs.estimate(mode, batch_size)
         if theirs is None or mine is None:
@@ -547,9 +547,10 @@ class ThroughputPolicy:
         return max(1.0, theirs / mine)
 
     def _lead(self, rate: Optional[float], other_rate: Optional[float]) -> float:
-        """How many times faster the other mode's step would have to become to win
-        by the margin (at least 1; 1 while either is untimed): a time that would have
-        to drift that far goes stale that much later."""
+        """How many times faster the other mode's step would have to become to come
+        within the margin of this one (at least 1; 1 while either is untimed at
+        every bucket): a time that would have to drift that far goes stale that
+        much later."""
         if rate is None or not other_rate:
             return 1.0
         return max(1.0, rate / (other_rate * (1 + self.margin)))
@@ -558,8 +559,8 @@ class ThroughputPolicy:
         self, batch_size: int, plain_rate: Optional[float]
     ) -> bool:
         """Whether a speculative mode would beat the plain step by the margin at this
-        batch size with the best acceptance it has had (True while a step is untimed
-        here)."""
+        batch size with the best acceptance it has had (True while a mode is untimed
+        at every bucket)."""
         if plain_rate is None:
             return True
         for num_steps in self.modes[1:]:
@@ -853,7 +854,6 @@ class ThroughputSpecPolicy:
         reduce: Optional[Callable[[List[float]], List[float]]],
         fold_interval: int,
         trace: Optional[StepTrace] = None,
-        **policy_kwargs,
     ):
         if fold_interval < 1:
             raise ValueError(f"fold_interval must be >= 1, got {fold_interval}")
@@ -869,7 +869,6 @@ class ThroughputSpecPolicy:
             StepCosts.unmeasured(modes, buckets),
             AcceptanceEstimate(speculative_steps, {max(speculative_steps): 1.0}),
             min_dwell_steps=min_dwell_steps,
-            **policy_kwargs,
         )
         self.timer = DecodeStepTimer(self.policy.costs.bucket)
         self.pending = PendingObservations(modes, buckets)

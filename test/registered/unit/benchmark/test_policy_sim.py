@@ -227,6 +227,12 @@ class TestSimulate(CustomTestCase):
             self.assertGreaterEqual(result["seconds"], 2.0)
             self.assertLess(result["seconds"], 2.0 + 2 * 0.125)
 
+    def test_a_batch_beyond_the_step_costs_is_refused(self):
+        # A server's running batch never outgrows its policy's largest bucket.
+        env = sim.Environment(COSTS, sim.parse_acceptance("0.8"))
+        with self.assertRaises(ValueError):
+            run("auto", env, [(1, 1.0), (512, 1.0)])
+
     def test_auto_tracks_the_better_mode_on_a_ramp(self):
         env = sim.Environment(COSTS, sim.parse_acceptance("0.8"))
         ramp = [(bs, 3.0) for bs in (1, 8, 32, 64, 128, 256, 16)]

@@ -183,16 +183,24 @@ class TestAcceptanceEstimate(CustomTestCase):
         self.assertAlmostEqual(estimate.expected(7), chain_accept_length(p, 7), 5)
         self.assertAlmostEqual(estimate.expected(1), 1.8, 5)
 
-    def test_grouped_verify_steps_move_the_ema_as_one_by_one(self):
-        one_by_one = AcceptanceEstimate([3], {3: 1.0})
-        grouped = AcceptanceEstimate([3], {3: 1.0})
-        for estimate in (one_by_one, grouped):
-            estimate.observe(3, num_tokens=200, num_requests=100, num_verifies=10)
-        for _ in range(16):
-            one_by_one.observe(3, num_tokens=40, num_requests=10)
-        grouped.observe(3, num_tokens=16 * 40, num_requests=16 * 10, num_verifies=16)
-        self.assertAlmostEqual(grouped.expected(3), one_by_one.expected(3))
-        self.assertGreater(grouped.expected(3), 3.5)
+    def test_grouped_verify_steps_move_the_estimate_as_one_by_one(self):
+        # Groups of 16 (a TP fold), from the first verify step, and across the end
+        # of the mean of the first 10.
+        for seen in (0, 5, 10):
+            with self.subTest(seen=seen):
+                one_by_one = AcceptanceEstimate([3], {3: 1.0})
+                grouped = AcceptanceEstimate([3], {3: 1.0})
+                for estimate in (one_by_one, grouped):
+                    for _ in range(seen):
+                        estimate.observe(3, num_tokens=20, num_requests=10)
+                for _ in range(16):
+                    one_by_one.observe(3, num_tokens=40, num_requests=10)
+                grouped.observe(
+                    3, num_tokens=16 * 40, num_requests=16 * 10, num_verifies=16
+                )
+                self.assertAlmostEqual(grouped.expected(3), one_by_one.expected(3))
+                self.assertAlmostEqual(grouped.best(3), one_by_one.best(3))
+                self.assertGreater(grouped.expected(3), 3.4)
 
     def test_a_lucky_first_verify_is_not_a_best(self):
         estimate = AcceptanceEstimate([3], {3: 1.0})
