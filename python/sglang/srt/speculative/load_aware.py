@@ -71,8 +71,7 @@ from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
 from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_policy import unverified_decode_backend_reason
+from sglang.srt.speculative.spec_policy import load_aware_unsupported_reason
 from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
 from sglang.srt.utils.common import fast_topk
 
@@ -117,19 +116,15 @@ def build_plain_step(worker: EAGLEWorkerV2) -> Optional[LoadAwarePlainStep]:
 
 
 def load_aware_worker_unsupported_reason(worker: EAGLEWorkerV2) -> Optional[str]:
-    """Limits of the worker as it was built: the model architecture, the
-    algorithm, the attention backends chosen."""
+    """Limits of the worker as it was built: the model architecture, and those of
+    its server args (the algorithm, the attention backends chosen, other
+    features)."""
     if mambaish_config(worker.target_worker.model_runner.model_config) is not None:
         return (
             "hybrid (mamba / linear-attention) target models are not supported "
             "yet: plain steps would not update the mamba state tracking"
         )
-    if worker.speculative_algorithm not in (
-        SpeculativeAlgorithm.EAGLE,
-        SpeculativeAlgorithm.EAGLE3,
-    ):
-        return f"{worker.speculative_algorithm} is not supported yet"
-    return unverified_decode_backend_reason(worker.server_args)
+    return load_aware_unsupported_reason(worker.server_args)
 
 
 def fresh_attention_backend(model_runner: ModelRunner) -> AttentionBackend:

@@ -349,18 +349,34 @@ def threshold_error(
     return None
 
 
+def decode_steps_can_run_plain(server_args: ServerArgs) -> bool:
+    """Whether the server runs plain decode steps: under a load-aware threshold,
+    or on ``--speculative-adaptive`` tiers at 0 draft steps, unless the plain step
+    does not support the args (those tiers then keep upstream's one-node verify;
+    load_aware.build_plain_step also checks the model the worker loaded)."""
+    if server_args.speculative_disable_batch_threshold is not None:
+        return True
+    if not server_args.speculative_adaptive:
+        return False
+    from sglang.srt.speculative.adaptive_spec_params import (
+        resolve_candidate_steps_from_config,
+    )
+
+    candidate_steps = resolve_candidate_steps_from_config(
+        server_args.speculative_adaptive_config
+    )
+    return 0 in candidate_steps and load_aware_unsupported_reason(server_args) is None
+
+
 def plain_decode_graph_reserve_mb(server_args: ServerArgs) -> float:
     """GPU memory (MB) of the plain step's own DECODE attention backend and CUDA
     graphs (load_aware.TargetDecodeGraphs), counted as
     ``ServerArgs.reserve_for_graph_mb`` counts the decode graphs: a server whose
-    decode steps can run plain (a threshold, or adaptive tiers that may hold 0
-    draft steps) captures a second decode family after the KV pool is sized."""
+    decode steps can run plain captures a second decode family after the KV pool
+    is sized."""
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    if (
-        server_args.speculative_disable_batch_threshold is None
-        and not server_args.speculative_adaptive
-    ):
+    if not decode_steps_can_run_plain(server_args):
         return 0.0
     reserved = 0.0
     decode = server_args.cuda_graph_config.decode
@@ -424,8 +440,13 @@ def unverified_decode_backend_reason(cfg: Any) -> Optional[str]:
     from sglang.srt.arg_groups.overrides import attention_backends_of
 
     _, decode = attention_backends_of(cfg)
+    decode_flag = (
+        "--decode-attention-backend"
+        if cfg.decode_attention_backend
+        else "--attention-backend"
+    )
     for backend, flag in (
-        (decode, "--attention-backend"),
+        (decode, decode_flag),
         (
             cfg.speculative_draft_attention_backend,
             "--speculative-draft-attention-backend",
@@ -465,7 +486,8 @@ def resolve_load_aware_server_args(server_args: ServerArgs) -> None:
     if max_running is not None and max_running < n:
         logger.warning(
             "--speculative-disable-batch-threshold %d exceeds "
-            "--max-running-requests %d: decode steps never go plain.",
+            "--max-running-requests %d: the threshold never makes a decode step "
+            "plain.",
             n,
             max_running,
         )

@@ -464,21 +464,30 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
         self.assertFalse(runner.init_new_workspace)
 
     def publish(self, **spec_args):
-        publish_server_args(self, speculative_algorithm="EAGLE", **spec_args)
+        spec_args.setdefault("speculative_algorithm", "EAGLE")
+        self.worker.server_args = publish_server_args(self, **spec_args)
 
     def test_unsupported_algorithm_refused_with_a_threshold(self):
-        self.publish(speculative_disable_batch_threshold=8)
-        self.worker.speculative_algorithm = SpeculativeAlgorithm.STANDALONE
+        self.publish(
+            speculative_algorithm="STANDALONE", speculative_disable_batch_threshold=8
+        )
         with self.assertRaises(ValueError) as ctx:
             build_plain_step(self.worker)
         self.assertIn("STANDALONE", str(ctx.exception))
         self.assertIn("--speculative-disable-batch-threshold", str(ctx.exception))
 
     def test_zero_step_tiers_keep_upstreams_verify_where_unsupported(self):
-        self.publish(speculative_disable_batch_threshold=None)
         self.worker.adaptive_controller = SimpleNamespace(candidate_steps=[0, 1, 3])
-        self.worker.speculative_algorithm = SpeculativeAlgorithm.STANDALONE
-        self.assertIsNone(build_plain_step(self.worker))
+        self.publish(speculative_disable_batch_threshold=None)
+        self.assertIsNotNone(build_plain_step(self.worker))
+        for unsupported in (
+            dict(speculative_algorithm="STANDALONE"),
+            dict(enable_lora=True),
+            dict(speculative_use_rejection_sampling=True),
+        ):
+            with self.subTest(**unsupported):
+                self.publish(speculative_disable_batch_threshold=None, **unsupported)
+                self.assertIsNone(build_plain_step(self.worker))
 
     def test_no_plain_step_without_a_threshold_or_zero_step_tier(self):
         self.publish(speculative_disable_batch_threshold=None)

@@ -7,6 +7,8 @@ validation functions are also run on plain namespaces of the field defaults.
 """
 
 import argparse
+import json
+import os
 import unittest
 from dataclasses import MISSING, fields
 from types import SimpleNamespace
@@ -178,7 +180,10 @@ class TestLoadAwareValidationPure(CustomTestCase):
             ),
             (dict(pp_size=2), "--pp-size"),
             (dict(attention_backend="fa4"), "--attention-backend"),
-            (dict(decode_attention_backend="trtllm_mha"), "trtllm_mha"),
+            (
+                dict(attention_backend="triton", decode_attention_backend="trtllm_mha"),
+                "the trtllm_mha attention backend (--decode-attention-backend)",
+            ),
             (
                 dict(
                     attention_backend="triton",
@@ -339,6 +344,20 @@ class TestLoadAwareServerArgs(CustomTestCase):
                 args.reserve_for_graph_mb(), without.reserve_for_graph_mb() + extra
             )
         self.assertEqual(plain_decode_graph_reserve_mb(without), 0)
+        # Adaptive tiers that never run 0 draft steps, or whose 0-step tiers keep
+        # upstream's verify (a feature the plain step does not support), capture none.
+        config = os.path.join(self.tmpdir.name, "adaptive_no_zero_steps.json")
+        with open(config, "w") as f:
+            json.dump({"1": {"candidate_steps": [1, 3]}}, f)
+        for kwargs in (
+            dict(speculative_adaptive_config=config),
+            dict(speculative_use_rejection_sampling=True),
+        ):
+            args = self.make(
+                attention_backend="triton", speculative_adaptive=True, **kwargs
+            )
+            self.assertTrue(args.speculative_adaptive, kwargs)
+            self.assertEqual(plain_decode_graph_reserve_mb(args), 0, kwargs)
         flashinfer = self.make(
             attention_backend="flashinfer", speculative_disable_batch_threshold=16
         )
@@ -357,7 +376,7 @@ class TestLoadAwareServerArgs(CustomTestCase):
                 speculative_disable_batch_threshold=16, max_running_requests=8
             )
         self.assertEqual(args.max_running_requests, 8)
-        self.assertIn("never go plain", logs.output[0])
+        self.assertIn("the threshold never makes a decode step plain", logs.output[0])
 
     def test_chains_of_eagle_and_eagle3(self):
         for algo in ("EAGLE", "EAGLE3", "NEXTN"):  # NEXTN resolves to EAGLE
