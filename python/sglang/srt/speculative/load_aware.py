@@ -14,12 +14,13 @@ which
    a one-layer EAGLE-3 head writes that KV alone, in ``DraftKVWriteGraphs``),
    so that speculation can resume at any step with undiminished acceptance;
 3. returns a result shaped like a verify step's that accepted no draft (one
-   token per request, ``accept_lens`` 1, ``new_seq_lens``, a full next draft
-   input), flagged ``spec_plain_step`` so that the output path skips the
-   speculative statistics. The overlap future map, the output processing and
-   the next step (speculative or plain) see the state a verify step leaves:
-   ``seq_len = L + 1``, target and draft KV valid for ``[0, L + 1)``, the
-   sampled token pending.
+   token per request, ``accept_lens`` 1, ``new_seq_lens``, the next draft input,
+   which a KV-only catch-up leaves pending for ``DraftCatchUp.resume`` to
+   complete before the next speculative step), flagged ``spec_plain_step`` so
+   that the output path skips the speculative statistics. The overlap future
+   map, the output processing and the next step (speculative or plain) see the
+   state a verify step leaves: ``seq_len = L + 1``, target and draft KV valid
+   for ``[0, L + 1)``, the sampled token pending.
 
 The scheduler allocates the step's KV slot before the step
 (``spec_policy.decode_kv_reserve``); its position, ``seq_len``, is only known
@@ -228,7 +229,8 @@ class DraftKVWriteGraphs:
     speculation. A batch between captured sizes replays the next larger graph;
     its padding rows write the KV pool's padding slot 0. The graphs have a
     memory pool of their own: the output, the next draft input, must survive the
-    other graphs' replays (prefills) until a speculative step reads it.
+    other CUDA graphs' replays (the target's, the draft's) until a speculative step
+    reads it.
     """
 
     def __init__(
@@ -631,7 +633,8 @@ class LoadAwarePlainStep:
         ``war_fastpath_runner`` (the draft runner, whose draft extend is the last
         phase of a speculative step to read shared buffers), or else on the whole
         forward. In a plain step with a KV-only catch-up that phase is the target's
-        DECODE replay, whose event is handed over; a draft forward publishes its own."""
+        DECODE replay, whose event is handed over; after a full draft forward, run
+        eagerly, there is none, and the barrier waits on the whole forward."""
         target_runner = self.worker.target_worker.model_runner
         event = target_runner.war_fastpath_read_done_event
         target_runner.war_fastpath_read_done_event = None
