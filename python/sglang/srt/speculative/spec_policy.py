@@ -394,9 +394,11 @@ def plain_decode_graph_reserve_mb(server_args: ServerArgs) -> float:
 def load_aware_unsupported_reason(server_args: ServerArgs) -> Optional[str]:
     """Why load-aware speculation cannot run with these args, or None.
 
-    Called from ``handle_speculative_decoding`` once the algorithm is resolved.
-    Chains and draft trees run on EAGLEWorkerV2, with and without the overlap
-    scheduler, and combine with upstream's ``--speculative-adaptive``.
+    Called from ``handle_speculative_decoding`` once the algorithm is resolved
+    (a threshold is then refused), and for ``--speculative-adaptive`` tiers at 0
+    draft steps, which then keep upstream's one-node verify. Chains and draft
+    trees run on EAGLEWorkerV2, with and without the overlap scheduler, and
+    combine with upstream's ``--speculative-adaptive``.
     """
     from sglang.srt.arg_groups.overrides import resolved_view
 
