@@ -59,12 +59,17 @@ class Environment:
     runs before (none where absent).
     switch_seconds: what a switch between plain and speculative steps costs beyond
     the steps' own costs.
+    step_times: per (mode, batch bucket), the times its steps were recorded at and
+    their seconds, in time order (``step_seconds`` replays them).
     """
 
     costs: Dict[int, Dict[int, float]]
     acceptance: List[Tuple[float, float]]
     prefill_rate: Dict[int, float] = field(default_factory=dict)
     switch_seconds: float = 0.0
+    step_times: Dict[Tuple[int, int], Tuple[List[float], List[float]]] = field(
+        default_factory=dict
+    )
 
     @property
     def speculative_steps(self) -> List[int]:
@@ -76,6 +81,24 @@ class Environment:
         starts = [start for start, _ in self.acceptance]
         p = self.acceptance[max(0, bisect.bisect_right(starts, at_seconds) - 1)][1]
         return chain_accept_length(p, num_steps)
+
+    def step_seconds(self, num_steps: int, bucket: int, at_seconds: float) -> float:
+        """A step's seconds as recorded around this time: the median of the
+        ``REPLAYED_NEIGHBOURS`` steps of this mode and bucket recorded nearest it
+        (the cost table's time where none were)."""
+        if (num_steps, bucket) not in self.step_times:
+            return self.costs[num_steps][bucket]
+        times, seconds = self.step_times[(num_steps, bucket)]
+        i = bisect.bisect_left(times, at_seconds)
+        start = max(
+            0, min(i - REPLAYED_NEIGHBOURS // 2, len(times) - REPLAYED_NEIGHBOURS)
+        )
+        return statistics.median(seconds[start : start + REPLAYED_NEIGHBOURS])
+
+
+# Enough recorded steps that one outlier does not set a step's time, few enough that
+# a slow stretch of a dozen steps shows.
+REPLAYED_NEIGHBOURS = 5
 
 
 def parse_acceptance(text: str) -> List[Tuple[float, float]]:
@@ -271,8 +294,9 @@ def environment_from_trace(
     """Median seconds per (mode, batch bucket) of the timed steps in
     ``batch_sizes`` (the others' steps price no bucket); the acceptance timeline
     from the verifies (their per-token acceptance, forward-filled), each at the
-    time of the timed steps before it."""
+    time of the timed steps before it; and each timed step at that time."""
     samples: Dict[Tuple[int, int], List[float]] = {}
+    times: Dict[Tuple[int, int], List[float]] = {}
     acceptance: List[Tuple[float, float]] = []
     now = 0.0
     for record in records:
@@ -283,6 +307,7 @@ def environment_from_trace(
             bucket = bucket_of(record["batch_size"])
             if bucket in batch_sizes:
                 samples.setdefault((mode, bucket), []).append(record["seconds"])
+                times.setdefault((mode, bucket), []).append(now)
             now += record["seconds"]
         else:
             per_request = record["num_tokens"] / record["num_requests"]
@@ -302,8 +327,9 @@ def environment_from_trace(
     missing = [(m, b) for m in modes for b in batch_sizes if b not in costs[m]]
     if missing:
         raise ValueError(f"the trace has no step of (mode, batch bucket) {missing[:5]}")
+    step_times = {key: (times[key], samples[key]) for key in samples}
     return Environment(
-        costs, acceptance, prefill_rates(records), switch_seconds(records)
+        costs, acceptance, prefill_rates(records), switch_seconds(records), step_times
     )
 
 
@@ -441,10 +467,17 @@ def make_policy(spec: str, env: Environment) -> SimPolicy:
     raise ValueError(f"unknown policy {spec!r}")
 
 
-def simulate(policy: SimPolicy, env: Environment, phases: Phases) -> Dict[str, float]:
+def simulate(
+    policy: SimPolicy,
+    env: Environment,
+    phases: Phases,
+    replay_step_times: bool = False,
+) -> Dict[str, float]:
     """Run each phase for its time; every step costs and yields what the
     environment says (the acceptance of the environment's step at that time), and a
-    switch between plain and speculative steps its cost on top."""
+    switch between plain and speculative steps its cost on top. A step costs its
+    bucket's time in the cost table, or with ``replay_step_times`` its time as
+    recorded then, scaled from its bucket to its batch as the table would."""
     tokens = seconds = 0.0
     spec_steps = num_steps = 0
     step_costs = StepCosts({m: dict(by_bs) for m, by_bs in env.costs.items()})
@@ -461,6 +494,11 @@ def simulate(policy: SimPolicy, env: Environment, phases: Phases) -> Dict[str, f
         while seconds < phase_end:
             mode = policy.decide(bs)
             step_seconds = step_costs.estimate(mode, bs)
+            if replay_step_times:
+                bucket = step_costs.bucket(bs)
+                step_seconds *= (
+                    env.step_seconds(mode, bucket, seconds) / env.costs[mode][bucket]
+                )
             if speculated is not None and (mode != PLAIN) != speculated:
                 step_seconds += env.switch_seconds
             speculated = mode != PLAIN
@@ -491,6 +529,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "--phases", help="the workload, e.g. 1x2,64x4 (batch x seconds)"
     )
     parser.add_argument("--policies", default="nospec,always,auto")
+    parser.add_argument(
+        "--replay-step-times",
+        action="store_true",
+        help="with --trace: each step costs what the trace's steps of its mode and "
+        "batch bucket took around that time (slow stretches included), not their "
+        "median",
+    )
     args = parser.parse_args(argv)
 
     if args.trace:
@@ -513,8 +558,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.phases:
         workload = parse_phases(args.phases)
 
+    if args.replay_step_times and not args.trace:
+        parser.error("--replay-step-times needs --trace")
     results = {
-        spec: simulate(make_policy(spec, env), env, workload)
+        spec: simulate(make_policy(spec, env), env, workload, args.replay_step_times)
         for spec in args.policies.split(",")
     }
     static = [r["tokens_per_second"] for s, r in results.items() if s in STATIC]

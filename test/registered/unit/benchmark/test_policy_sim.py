@@ -77,6 +77,34 @@ class TestEnvironment(CustomTestCase):
         self.assertEqual(with_decisions.costs, env.costs)
         self.assertEqual(with_decisions.acceptance, env.acceptance)
 
+    def test_each_timed_step_is_kept_at_its_time(self):
+        trace = [
+            {"batch_size": 1, "num_steps": 3, "seconds": 0.02},
+            {"num_steps": 3, "num_tokens": 4, "num_requests": 1},
+            {"batch_size": 1, "num_steps": 0, "seconds": 0.01},
+            {"batch_size": 1, "num_steps": 3, "seconds": 0.04},
+        ]
+        env = sim.environment_from_trace(trace, [1])
+        self.assertEqual(env.step_times[(3, 1)], ([0.0, 0.03], [0.02, 0.04]))
+        self.assertEqual(env.step_times[(0, 1)], ([0.02], [0.01]))
+
+    def test_a_replayed_step_costs_the_median_of_its_nearest_neighbours(self):
+        times = [0.1 * i for i in range(20)]
+        seconds = [0.010] * 8 + [0.030] * 4 + [0.010] * 8  # slow from 0.8 s to 1.1 s
+        env = sim.Environment(
+            {0: {1: 0.010}}, [(0.0, 0.9)], step_times={(0, 1): (times, seconds)}
+        )
+        self.assertEqual(env.step_seconds(0, 1, 0.0), 0.010)
+        self.assertEqual(env.step_seconds(0, 1, 0.95), 0.030)
+        self.assertEqual(
+            env.step_seconds(0, 1, 1.9), 0.010
+        )  # past the last: the last 5
+        self.assertEqual(env.step_seconds(0, 1, 0.65), 0.010)  # 2 slow of 5 neighbours
+
+    def test_a_mode_never_timed_at_a_bucket_replays_its_cost_table_time(self):
+        env = sim.Environment(COSTS, sim.parse_acceptance("0.8"))
+        self.assertEqual(env.step_seconds(3, 64, 5.0), COSTS[3][64])
+
     def test_prefill_rates_from_the_decisions(self):
         # Batch 128 grows back after every second step (requests finished, their
         # replacements' prefill ran); batch 1 never grows.
@@ -226,6 +254,20 @@ class TestSimulate(CustomTestCase):
             result = run(policy, env, [(1, 1.0), (256, 1.0)])
             self.assertGreaterEqual(result["seconds"], 2.0)
             self.assertLess(result["seconds"], 2.0 + 2 * 0.125)
+
+    def test_replayed_step_times_slow_the_steps_of_a_slow_stretch(self):
+        # Plain steps at batch 64 took 3x their time for the second of two seconds:
+        # replayed, that second runs a third of its steps.
+        times = [0.016 * i for i in range(125)]
+        seconds = [0.016 if t < 1.0 else 0.048 for t in times]
+        env = sim.Environment(
+            COSTS, sim.parse_acceptance("0.8"), step_times={(0, 64): (times, seconds)}
+        )
+        median = sim.simulate(sim.make_policy("nospec", env), env, [(64, 2.0)])
+        replayed = sim.simulate(sim.make_policy("nospec", env), env, [(64, 2.0)], True)
+        self.assertAlmostEqual(
+            replayed["tokens"] / median["tokens"], (1 + 1 / 3) / 2, delta=0.02
+        )
 
     def test_a_batch_beyond_the_step_costs_is_refused(self):
         # A server's running batch never outgrows its policy's largest bucket.
