@@ -58,6 +58,7 @@ from typing import (
     NamedTuple,
     Optional,
     Sequence,
+    Set,
     Tuple,
     Union,
 )
@@ -123,7 +124,8 @@ class StepCosts:
     step at a new size, a host stall such as a garbage collection): the median
     keeps slow steps from setting a bucket's cost, and the low one does so even with
     two samples, where a median would be their mean. A bucket without samples is
-    priced from its neighbours (``_lower_bound``)."""
+    priced from its neighbours (``_lower_bound``). A bucket ``restart``-ed keeps its
+    cost until its next sample, which then starts its window afresh."""
 
     def __init__(
         self,
@@ -147,6 +149,7 @@ class StepCosts:
             ]
             for mode, by_bs in profile.items()
         }
+        self._restarting: Set[Tuple[int, int]] = set()  # (mode, bucket index)
         # The samples' medians, kept as they arrive: estimate runs every step.
         self._seconds: Dict[int, List[Optional[float]]] = {
             mode: [by_bs[bs] for bs in self.batch_sizes]
@@ -208,11 +211,19 @@ class StepCosts:
         """Whether the mode has been timed at this batch size's bucket."""
         return self._seconds[mode][self._index(batch_size)] is not None
 
+    def restart(self, mode: int, batch_size: int) -> None:
+        """Let the next sample of this mode in this batch size's bucket replace its
+        window."""
+        self._restarting.add((mode, self._index(batch_size)))
+
     def observe(self, mode: int, batch_size: int, seconds: float) -> None:
         """Add the measured time of one decode step (no prefill in it) to its
         bucket's samples."""
         i = self._index(batch_size)
         samples = self._samples[mode][i]
+        if (mode, i) in self._restarting:
+            self._restarting.discard((mode, i))
+            samples.clear()
         samples.append(seconds)
         self._seconds[mode][i] = statistics.median_low(samples)
 
@@ -362,6 +373,9 @@ class ThroughputPolicy:
     it, up to ``max_probe_backoff`` times ``probe_interval``; any other probe, a change
     of mode or, while plain, a new best acceptance resets it. A new mode is held for
     ``min_dwell_steps`` steps while the batch stays in the bucket it was chosen at.
+    The mode left is timed afresh at that bucket (``StepCosts.restart``): if a passing
+    stretch of slow steps made the change, the steps that made it do not outvote its
+    next probe's.
     """
 
     def __init__(
@@ -578,6 +592,7 @@ class ThroughputPolicy:
 
     def _advance(self, mode: int, chosen: int, toggled: bool, bucket: int) -> None:
         if mode != self._mode:
+            self.costs.restart(self._mode, bucket)
             self._mode, self._steps_in_mode, self._mode_bucket = mode, 0, bucket
             self._reset_probe_interval()
         self._steps_in_mode += 1

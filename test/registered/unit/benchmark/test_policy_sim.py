@@ -9,7 +9,11 @@ import tempfile
 import unittest
 from contextlib import redirect_stdout
 
-from sglang.srt.speculative.throughput_policy import chain_accept_length
+from sglang.srt.speculative.throughput_policy import (
+    PLAIN,
+    chain_accept_length,
+    fit_chain_acceptance,
+)
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.spec_engine_utils import load_benchmark_script
 from sglang.test.test_utils import CustomTestCase
@@ -308,6 +312,27 @@ class TestSimulate(CustomTestCase):
         }
         best_fixed = max(v for p, v in results.items() if p != "auto")
         self.assertGreater(results["auto"], 1.05 * best_fixed)
+
+    def test_auto_comes_back_after_a_slow_stretch_of_speculative_steps(self):
+        # On FA3 at batch 16 a speculative step (8.65 ms, 1.41 tokens per request)
+        # beats a plain one (7.1 ms); for 0.2 s the speculative steps took 11 ms,
+        # which made plain the better mode until they were timed again.
+        costs = {PLAIN: {1: 0.0060, 16: 0.0071}, 3: {1: 0.0075, 16: 0.00865}}
+        times = [0.00865 * i for i in range(1200)]
+        seconds = [0.011 if 5.0 <= t < 5.2 else 0.00865 for t in times]
+        env = sim.Environment(
+            costs,
+            [(0.0, fit_chain_acceptance(1.41, 3))],
+            step_times={(3, 16): (times, seconds)},
+        )
+        rate = {
+            p: sim.simulate(sim.make_policy(p, env), env, [(16, 10.0)], True)[
+                "tokens_per_second"
+            ]
+            for p in ("nospec", "always", "auto")
+        }
+        self.assertGreater(rate["always"], 1.1 * rate["nospec"])
+        self.assertGreaterEqual(rate["auto"], 0.98 * rate["always"])
 
     def replay(self, path: str, policies=("nospec", "always", "auto")) -> dict:
         records = sim.load_trace(path)

@@ -158,6 +158,20 @@ class TestStepCosts(CustomTestCase):
         with self.assertRaises(ValueError):
             StepCosts.unmeasured([PLAIN, 3], SIZES, window=0)
 
+    def test_a_restarted_bucket_keeps_its_cost_until_its_next_sample(self):
+        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
+        for seconds in (0.0087, 0.0105, 0.0110, 0.0108):
+            table.observe(3, 16, seconds)
+        table.observe(3, 64, 0.020)
+        table.restart(3, 16)
+        self.assertEqual(table.estimate(3, 16), 0.0105)
+        table.observe(3, 16, 0.0086)
+        self.assertEqual(table.estimate(3, 16), 0.0086)
+        table.observe(3, 16, 0.0089)
+        self.assertEqual(table.estimate(3, 16), 0.0086)
+        table.observe(3, 64, 0.030)  # another bucket's window was kept
+        self.assertEqual(table.estimate(3, 64), 0.020)
+
     def test_profile_needs_every_mode_at_the_same_sizes(self):
         with self.assertRaises(ValueError):
             StepCosts({PLAIN: {1: 0.01, 8: 0.02}, 3: {1: 0.02}})
