@@ -52,6 +52,10 @@ BACKEND_TRACES = {
 # even on the hard ones, and auto, 0.99x always-on there, lost its 1% to a stretch of
 # slow speculative steps (results/2026-12-05-shift-fa3-h100-llama8b-p0.95-0.3/NOTES.md).
 SLOW_STRETCH_TRACE = run_trace("2026-12-05-shift-fa3-h100-llama8b-p0.95-0.3")
+# 256 clients whose requests all have one output length: the running batch drains
+# through every bucket and refills at once, in waves
+# (results/2026-12-04-nospread-llama8b-p0.95/NOTES.md).
+WAVES_TRACE = run_trace("2026-12-04-nospread-llama8b-p0.95")
 
 
 def replay(path: str, policies, replay_step_times: bool = False) -> dict:
@@ -102,6 +106,13 @@ class TestPolicySimOnBenchmarkRuns(CustomTestCase):
         self.assertGreaterEqual(median["auto"], 0.998 * median["always"])
         self.assertLess(replayed["auto"], 0.998 * replayed["always"])
         self.assertGreaterEqual(replayed["auto"], 0.98 * replayed["always"])
+
+    def test_auto_calibrates_no_bucket_the_batch_has_left(self):
+        # A calibration carried on from a draining batch's bucket into the refilled
+        # one ran speculative steps at 256 (9x a plain step there): 0.943x.
+        rate = replay(WAVES_TRACE, ("nospec", "always", "auto"))
+        best_static = max(rate["nospec"], rate["always"])
+        self.assertGreaterEqual(rate["auto"], 0.96 * best_static)
 
     def test_cli_on_a_trace_says_what_a_switch_is_charged(self):
         out = io.StringIO()

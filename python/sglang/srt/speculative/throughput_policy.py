@@ -359,8 +359,9 @@ class ThroughputPolicy:
     """Chooses each decode step's mode by expected output tokens per second.
 
     A mode not yet timed at the batch's bucket is run for ``calibrate_steps`` steps
-    (``calibrate``), at most once per ``probe_interval`` steps while its time has not
-    arrived (meanwhile it is priced at the lower bound of its timed neighbours);
+    (``calibrate``, cut short if the batch leaves the bucket), at most once per
+    ``probe_interval`` steps while its time has not arrived (meanwhile it is priced
+    at the lower bound of its timed neighbours);
     ``probe_interval`` steps after the last probe or calibration, the best other mode
     runs for ``explore_steps`` (``probe``), which keeps its time and, while plain, the
     acceptance current. A change of mode does not restart that count: a mode entered
@@ -425,6 +426,10 @@ class ThroughputPolicy:
         self._probe_due: Optional[int] = None
         self._exploring: Optional[Tuple[int, str]] = None  # (mode, reason)
         self._explore_left = 0
+        # The bucket a calibration times: it ends where the batch leaves it, as its
+        # steps elsewhere would time nothing (None: a probe, which also refreshes
+        # the acceptance, runs on at any size).
+        self._explore_bucket: Optional[int] = None
         # The decode step of the last calibration of each (mode, bucket).
         self._calibrated_at: Dict[Tuple[int, int], int] = {}
         self._num_decisions = 0
@@ -504,9 +509,10 @@ class ThroughputPolicy:
         bucket: int,
     ) -> Optional[Tuple[int, str]]:
         """(mode, reason) of a calibration or probe step instead of ``mode``."""
-        if self._explore_left > 0:
+        if self._explore_left > 0 and self._explore_bucket in (bucket, None):
             self._explore_left -= 1
             return self._exploring
+        self._explore_left = 0
         for other in self.modes:
             last = self._calibrated_at.get((other, bucket))
             due = last is None or self._num_decisions - last >= self.probe_interval
@@ -514,7 +520,7 @@ class ThroughputPolicy:
                 self._calibrated_at[(other, bucket)] = self._num_decisions
                 self.num_calibrations += 1
                 return self._start_exploring(
-                    other, REASON_CALIBRATE, self.calibrate_steps
+                    other, REASON_CALIBRATE, self.calibrate_steps, bucket
                 )
         # The spacing is never shorter than the interval: most decisions end here.
         if self._steps_since_explore + 1 < (
@@ -539,7 +545,7 @@ class ThroughputPolicy:
         else:
             self._reset_probe_interval()
         self.num_probes += 1
-        return self._start_exploring(other, REASON_PROBE, self.explore_steps)
+        return self._start_exploring(other, REASON_PROBE, self.explore_steps, None)
 
     def _only_a_time_can_go_stale(
         self, mode: int, batch_size: int, plain_rate: Optional[float]
@@ -585,9 +591,12 @@ class ThroughputPolicy:
                 return True
         return False
 
-    def _start_exploring(self, mode: int, reason: str, steps: int) -> Tuple[int, str]:
+    def _start_exploring(
+        self, mode: int, reason: str, steps: int, bucket: Optional[int]
+    ) -> Tuple[int, str]:
         self._exploring = (mode, reason)
         self._explore_left = steps - 1
+        self._explore_bucket = bucket
         return self._exploring
 
     def _advance(self, mode: int, chosen: int, toggled: bool, bucket: int) -> None:

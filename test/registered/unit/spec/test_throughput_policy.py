@@ -8,7 +8,7 @@ per batch bucket, as the server learns them from its decode steps), not measurem
 import threading
 import unittest
 from types import SimpleNamespace
-from typing import List
+from typing import List, Tuple
 
 from sglang.srt.speculative.throughput_policy import (
     PLAIN,
@@ -395,6 +395,43 @@ class TestThroughputPolicy(CustomTestCase):
         self.assertEqual(p.num_calibrations, 1)
         # a new bucket is calibrated again
         self.assertEqual(p.decide(1).reason, REASON_CALIBRATE)
+
+    def test_a_calibration_ends_where_the_batch_leaves_its_bucket(self):
+        # A batch refilling from 128 to 256 during speculation's calibration at 128:
+        # its steps at 256 would time nothing, at ~3.5 plain steps' time each.
+        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
+        for bs, plain, spec in zip(SIZES, PLAIN_SECONDS, SPEC3_SECONDS):
+            table.observe(PLAIN, bs, plain)
+            if bs != 128:
+                table.observe(3, bs, spec)
+        p = ThroughputPolicy(
+            table,
+            AcceptanceEstimate([3], {3: 2.952}),
+            min_dwell_steps=0,
+            calibrate_steps=5,
+            probe_interval=1000,
+        )
+        self.assertEqual(p.decide(256).num_steps, PLAIN)
+
+        def run(bs: int) -> Tuple[int, str]:
+            return tuple(p.decide(bs)[:2])
+
+        self.assertEqual(run(128), (3, REASON_CALIBRATE))
+        self.assertEqual(run(100), (3, REASON_CALIBRATE))  # same bucket: on
+        self.assertEqual(run(256), (PLAIN, REASON_BEST))
+        self.assertEqual(run(128)[0], PLAIN)  # not resumed
+
+    def test_a_probe_runs_on_across_buckets(self):
+        # A probe also refreshes the acceptance, at any batch size.
+        p = policy(min_dwell_steps=0, probe_interval=16)
+        first = next(
+            d for d in (p.decide(256) for _ in range(1000)) if d.reason == REASON_PROBE
+        )
+        self.assertEqual(first.num_steps, 3)
+        self.assertEqual(
+            [tuple(p.decide(bs)[:2]) for bs in (128, 8, 64)],
+            [(3, REASON_PROBE)] * 3,
+        )
 
     def test_an_untimed_mode_is_priced_from_its_neighbours(self):
         # Plain steps not timed at batch 128 yet (their calibration may time none:
