@@ -467,6 +467,21 @@ def make_policy(spec: str, env: Environment) -> SimPolicy:
     raise ValueError(f"unknown policy {spec!r}")
 
 
+# How much later each of --start-offsets' runs starts than the one before.
+START_OFFSET_SECONDS = 0.05
+
+
+def offset_workloads(phases: Phases, num: int) -> List[Phases]:
+    """The workload, then ``num - 1`` copies of it led by i x START_OFFSET_SECONDS
+    more of its first phase's batch size (the i-th)."""
+    if num < 1:
+        raise ValueError(f"need at least one workload, got {num}")
+    first = phases[0][0]
+    return [phases] + [
+        [(first, i * START_OFFSET_SECONDS)] + phases for i in range(1, num)
+    ]
+
+
 def simulate(
     policy: SimPolicy,
     env: Environment,
@@ -530,6 +545,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     )
     parser.add_argument("--policies", default="nospec,always,auto")
     parser.add_argument(
+        "--start-offsets",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each policy N times, the i-th after i x 50 ms more of the first "
+        "phase, and print the means (and the ratio's range): where a policy's probes "
+        "fall in the workload can move a single run by a few percent",
+    )
+    parser.add_argument(
         "--replay-step-times",
         action="store_true",
         help="with --trace: each step costs what the trace's steps of its mode and "
@@ -560,20 +584,30 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     if args.replay_step_times and not args.trace:
         parser.error("--replay-step-times needs --trace")
-    results = {
-        spec: simulate(make_policy(spec, env), env, workload, args.replay_step_times)
-        for spec in args.policies.split(",")
-    }
-    static = [r["tokens_per_second"] for s, r in results.items() if s in STATIC]
-    if not static:
+    policies = args.policies.split(",")
+    if not any(spec in STATIC for spec in policies):
         parser.error("--policies needs nospec or always (the reference)")
-    best_static = max(static)
+    workloads = offset_workloads(workload, args.start_offsets)
+    runs = {
+        spec: [
+            simulate(make_policy(spec, env), env, w, args.replay_step_times)
+            for w in workloads
+        ]
+        for spec in policies
+    }
+    best_static = [
+        max(runs[spec][i]["tokens_per_second"] for spec in policies if spec in STATIC)
+        for i in range(len(workloads))
+    ]
     print(f"{'policy':<16} {'tok/s':>10} {'x best static':>14} {'spec steps':>11}")
-    for spec, r in results.items():
-        rate = r["tokens_per_second"]
+    for spec, results in runs.items():
+        rates = [r["tokens_per_second"] for r in results]
+        ratios = [rate / best for rate, best in zip(rates, best_static)]
+        spread = f"  [{min(ratios):.3f}-{max(ratios):.3f}]" if len(ratios) > 1 else ""
+        share = statistics.mean(r["spec_step_share"] for r in results)
         print(
-            f"{spec:<16} {rate:>10.1f} {rate / best_static:>14.3f} "
-            f"{r['spec_step_share']:>11.2f}"
+            f"{spec:<16} {statistics.mean(rates):>10.1f} "
+            f"{statistics.mean(ratios):>14.3f} {share:>11.2f}{spread}"
         )
 
 

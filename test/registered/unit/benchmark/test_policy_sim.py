@@ -359,6 +359,31 @@ class TestSimulate(CustomTestCase):
             rate["auto"], 1.05 * max(rate["nospec"], rate["always"])
         )
 
+    def test_offset_workloads_lead_with_more_of_the_first_phase(self):
+        phases = [(16, 2.0), (64, 1.0)]
+        self.assertEqual(
+            sim.offset_workloads(phases, 3),
+            [phases, [(16, 0.05)] + phases, [(16, 0.1)] + phases],
+        )
+        with self.assertRaises(ValueError):
+            sim.offset_workloads(phases, 0)
+
+    def test_cli_with_start_offsets_prints_the_ratio_range(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            json.dump({str(m): by_bs for m, by_bs in COSTS.items()}, f)
+            f.flush()
+            out = io.StringIO()
+            with redirect_stdout(out):
+                sim.main(
+                    ["--costs", f.name, "--accept", "0.8", "--phases", "1x1,256x1"]
+                    + ["--policies", "nospec,auto", "--start-offsets", "3"]
+                )
+        nospec, auto = out.getvalue().splitlines()[1:]
+        self.assertTrue(nospec.endswith("[1.000-1.000]"))
+        low, high = map(float, auto.split("[")[1].rstrip("]").split("-"))
+        self.assertLessEqual(low, float(auto.split()[2]))
+        self.assertLessEqual(float(auto.split()[2]), high)
+
     def test_cli_prints_one_row_per_policy(self):
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
             json.dump({str(m): by_bs for m, by_bs in COSTS.items()}, f)
