@@ -49,8 +49,8 @@ BACKEND_TRACES = {
 }
 
 # 16 clients on easy prompts, then on hard ones, on FA3 on one H100: speculation pays
-# even on the hard ones, and auto, 0.99x always-on there, lost its 1% to a stretch of
-# slow speculative steps (results/2026-12-05-shift-fa3-h100-llama8b-p0.95-0.3/NOTES.md).
+# even on the hard ones, and auto lost 1% to a stretch of slow speculative steps
+# (results/2026-12-05-shift-fa3-h100-llama8b-p0.95-0.3/NOTES.md).
 SLOW_STRETCH_TRACE = run_trace("2026-12-05-shift-fa3-h100-llama8b-p0.95-0.3")
 # 256 clients whose requests all have one output length: the running batch drains
 # through every bucket and refills at once, in waves
@@ -99,13 +99,13 @@ class TestPolicySimOnBenchmarkRuns(CustomTestCase):
                 worst = min(by[threshold] / by["auto"] for by in rate.values())
                 self.assertLess(worst, 0.9)
 
-    def test_replayed_step_times_show_what_a_slow_stretch_cost_auto(self):
-        policies = ("always", "auto")
-        median = replay(SLOW_STRETCH_TRACE, policies)
-        replayed = replay(SLOW_STRETCH_TRACE, policies, replay_step_times=True)
-        self.assertGreaterEqual(median["auto"], 0.998 * median["always"])
-        self.assertLess(replayed["auto"], 0.998 * replayed["always"])
-        self.assertGreaterEqual(replayed["auto"], 0.98 * replayed["always"])
+    def test_auto_keeps_up_with_always_on_through_a_slow_stretch(self):
+        # On the GPU auto gave 0.99x always-on here, and the policy of that run
+        # 0.993x in policy_sim with replayed step times.
+        for replay_step_times in (False, True):
+            with self.subTest(replay_step_times=replay_step_times):
+                rate = replay(SLOW_STRETCH_TRACE, ("always", "auto"), replay_step_times)
+                self.assertGreaterEqual(rate["auto"], 0.997 * rate["always"])
 
     def test_auto_calibrates_no_bucket_the_batch_has_left(self):
         # A calibration carried on from a draining batch's bucket into the refilled

@@ -358,10 +358,11 @@ class ThroughputDecision(NamedTuple):
 class ThroughputPolicy:
     """Chooses each decode step's mode by expected output tokens per second.
 
-    A mode not yet timed at the batch's bucket is run for ``calibrate_steps`` steps
-    (``calibrate``, cut short if the batch leaves the bucket), at most once per
-    ``probe_interval`` steps while its time has not arrived (meanwhile it is priced
-    at the lower bound of its timed neighbours);
+    A mode not yet timed at the batch's bucket is priced at the lower bound of its
+    timed neighbours, and run there for ``calibrate_steps`` steps (``calibrate``, cut
+    short if the batch leaves the bucket) once the current mode has been timed there,
+    if at that price it would beat the current mode (``_worth_calibrating``); at most
+    once per ``probe_interval`` steps while its time has not arrived;
     ``probe_interval`` steps after the last probe or calibration, the best other mode
     runs for ``explore_steps`` (``probe``), which keeps its time and, while plain, the
     acceptance current. A change of mode does not restart that count: a mode entered
@@ -373,10 +374,11 @@ class ThroughputPolicy:
     steps) and by the current mode's lead over it (``_lead``), and each probe doubles
     it, up to ``max_probe_backoff`` times ``probe_interval``; any other probe, a change
     of mode or, while plain, a new best acceptance resets it. A new mode is held for
-    ``min_dwell_steps`` steps while the batch stays in the bucket it was chosen at.
-    The mode left is timed afresh at that bucket (``StepCosts.restart``): if a passing
-    stretch of slow steps made the change, the steps that made it do not outvote its
-    next probe's.
+    ``min_dwell_steps`` steps while the batch stays in the bucket it was chosen at,
+    unless it was chosen there on a lower bound (untimed there): then its first time
+    decides at once. The mode left is timed afresh at that bucket
+    (``StepCosts.restart``): if a passing stretch of slow steps made the change, the
+    steps that made it do not outvote its next probe's.
     """
 
     def __init__(
@@ -417,6 +419,7 @@ class ThroughputPolicy:
         # it has lasted, and what the last step ran.
         self._mode = max(self.modes)  # start speculating, as the threshold policy does
         self._mode_bucket: Optional[int] = None  # where the mode was chosen
+        self._mode_timed_when_chosen = False  # else its dwell does not hold
         self._steps_in_mode = 0
         self._steps_since_explore = 0
         self._probe_interval_now = probe_interval
@@ -497,7 +500,11 @@ class ThroughputPolicy:
             return self._mode, REASON_BEST
         if measured[best] <= current * (1 + self.margin):
             return self._mode, REASON_MARGIN
-        if self._steps_in_mode < self.min_dwell_steps and bucket == self._mode_bucket:
+        if (
+            self._steps_in_mode < self.min_dwell_steps
+            and bucket == self._mode_bucket
+            and self._mode_timed_when_chosen
+        ):
             return self._mode, REASON_DWELL
         return best, REASON_BEST
 
@@ -516,7 +523,12 @@ class ThroughputPolicy:
         for other in self.modes:
             last = self._calibrated_at.get((other, bucket))
             due = last is None or self._num_decisions - last >= self.probe_interval
-            if other != mode and not self.costs.is_measured(other, batch_size) and due:
+            if (
+                other != mode
+                and not self.costs.is_measured(other, batch_size)
+                and due
+                and self._worth_calibrating(other, mode, batch_size)
+            ):
                 self._calibrated_at[(other, bucket)] = self._num_decisions
                 self.num_calibrations += 1
                 return self._start_exploring(
@@ -546,6 +558,16 @@ class ThroughputPolicy:
             self._reset_probe_interval()
         self.num_probes += 1
         return self._start_exploring(other, REASON_PROBE, self.explore_steps, None)
+
+    def _worth_calibrating(self, other: int, mode: int, batch_size: int) -> bool:
+        """Whether timing ``other`` at this batch size's bucket could change the
+        choice: once ``mode``, which runs there anyway, has been timed there, if
+        ``other`` would beat it at the lower bound of its time and the best
+        acceptance it has had."""
+        if not self.costs.is_measured(mode, batch_size):
+            return False
+        best = self.throughput(other, batch_size, self.acceptance.best(other))
+        return best is None or best > self.throughput(mode, batch_size)
 
     def _only_a_time_can_go_stale(
         self, mode: int, batch_size: int, plain_rate: Optional[float]
@@ -603,6 +625,7 @@ class ThroughputPolicy:
         if mode != self._mode:
             self.costs.restart(self._mode, bucket)
             self._mode, self._steps_in_mode, self._mode_bucket = mode, 0, bucket
+            self._mode_timed_when_chosen = self.costs.is_measured(mode, bucket)
             self._reset_probe_interval()
         self._steps_in_mode += 1
         self._num_decisions += 1

@@ -383,18 +383,65 @@ class TestThroughputPolicy(CustomTestCase):
             calibrate_steps=3,
             probe_interval=1000,
         )
-        first = p.decide(256)  # neither timed: plain is calibrated, spec holds
-        self.assertEqual((first.num_steps, first.reason), (PLAIN, REASON_CALIBRATE))
-        self.assertEqual([p.decide(256).num_steps for _ in range(2)], [PLAIN, PLAIN])
-        # no time arrived yet: not calibrated again before probe_interval steps
-        self.assertEqual(p.decide(256), (3, REASON_CALIBRATE, True, 0.0))
-        costs.observe(PLAIN, 256, 0.035)
+
+        def run(bs: int) -> Tuple[int, str]:
+            return tuple(p.decide(bs)[:2])
+
+        # neither timed: speculation, the mode it starts in, runs and is timed first
+        self.assertEqual(run(256), (3, REASON_CALIBRATE))
         costs.observe(3, 256, 0.125)
-        decision = p.decide(256)
-        self.assertEqual((decision.num_steps, decision.reason), (PLAIN, REASON_BEST))
+        self.assertEqual([run(256) for _ in range(3)], [(PLAIN, REASON_CALIBRATE)] * 3)
+        # no time arrived yet: not calibrated again before probe_interval steps
+        self.assertEqual(run(256), (3, REASON_CALIBRATE))
+        costs.observe(PLAIN, 256, 0.035)
+        self.assertEqual(run(256), (PLAIN, REASON_BEST))
         self.assertEqual(p.num_calibrations, 1)
-        # a new bucket is calibrated again
-        self.assertEqual(p.decide(1).reason, REASON_CALIBRATE)
+        # a new bucket: plain runs until it is timed there; then speculation, priced
+        # from batch 256 per request, looks better and runs, untimed
+        self.assertEqual(run(1), (PLAIN, REASON_BEST))
+        costs.observe(PLAIN, 1, 0.010)
+        self.assertEqual(run(1), (3, REASON_BEST))
+
+    def test_no_calibration_where_the_other_mode_could_not_win(self):
+        # Speculation untimed at 256 costs at least its 70 ms at 128: at 1.5 tokens
+        # per request it would not beat a plain step's 35 ms even then, at 2.952 it
+        # might, and runs.
+        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
+        for bs, plain, spec in zip(SIZES, PLAIN_SECONDS, SPEC3_SECONDS):
+            table.observe(PLAIN, bs, plain)
+            if bs != 256:
+                table.observe(3, bs, spec)
+        for accept_length, runs in ((1.5, False), (2.952, True)):
+            with self.subTest(accept_length=accept_length):
+                p = ThroughputPolicy(
+                    table,
+                    AcceptanceEstimate([3], {3: accept_length}),
+                    min_dwell_steps=0,
+                )
+                self.assertEqual(p.decide(128).num_steps, PLAIN)
+                modes = {p.decide(256).num_steps for _ in range(20)}
+                self.assertEqual(3 in modes, runs)
+
+    def test_the_dwell_holds_no_mode_chosen_on_a_guessed_time(self):
+        # Speculation at 256, untimed, priced at its 70 ms at 128, beats plain; once
+        # its 125 ms arrive, plain is back at once, not after the dwell.
+        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
+        for bs, plain, spec in zip(SIZES, PLAIN_SECONDS, SPEC3_SECONDS):
+            table.observe(PLAIN, bs, plain)
+            if bs != 256:
+                table.observe(3, bs, spec)
+        p = ThroughputPolicy(
+            table,
+            AcceptanceEstimate([3], {3: 2.952}),
+            min_dwell_steps=8,
+            calibrate_steps=1,
+            probe_interval=1000,
+        )
+        p.decide(128)
+        modes = [p.decide(256).num_steps for _ in range(2)]
+        self.assertEqual(modes[-1], 3)
+        table.observe(3, 256, 0.125)
+        self.assertEqual(tuple(p.decide(256)[:2]), (PLAIN, REASON_BEST))
 
     def test_a_calibration_ends_where_the_batch_leaves_its_bucket(self):
         # A batch refilling from 128 to 256 during speculation's calibration at 128:
