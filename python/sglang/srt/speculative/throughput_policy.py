@@ -527,7 +527,7 @@ class ThroughputPolicy:
                 other != mode
                 and not self.costs.is_measured(other, batch_size)
                 and due
-                and self._worth_calibrating(other, mode, batch_size)
+                and self._worth_calibrating(other, mode, batch_size, rates[mode])
             ):
                 self._calibrated_at[(other, bucket)] = self._num_decisions
                 self.num_calibrations += 1
@@ -559,15 +559,17 @@ class ThroughputPolicy:
         self.num_probes += 1
         return self._start_exploring(other, REASON_PROBE, self.explore_steps, None)
 
-    def _worth_calibrating(self, other: int, mode: int, batch_size: int) -> bool:
+    def _worth_calibrating(
+        self, other: int, mode: int, batch_size: int, mode_rate: Optional[float]
+    ) -> bool:
         """Whether timing ``other`` at this batch size's bucket could change the
         choice: once ``mode``, which runs there anyway, has been timed there, if
-        ``other`` would beat it at the lower bound of its time and the best
+        ``other`` would beat its rate at the lower bound of its time and the best
         acceptance it has had."""
         if not self.costs.is_measured(mode, batch_size):
             return False
         best = self.throughput(other, batch_size, self.acceptance.best(other))
-        return best is None or best > self.throughput(mode, batch_size)
+        return best is None or best > mode_rate
 
     def _only_a_time_can_go_stale(
         self, mode: int, batch_size: int, plain_rate: Optional[float]

@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 import unittest
+from typing import List
 from contextlib import redirect_stdout
 
 from sglang.srt.speculative.throughput_policy import (
@@ -368,7 +369,8 @@ class TestSimulate(CustomTestCase):
         with self.assertRaises(ValueError):
             sim.offset_workloads(phases, 0)
 
-    def test_cli_with_start_offsets_prints_the_ratio_range(self):
+    def cli_rows(self, *args: str) -> List[str]:
+        """The rows --costs (the fixture's) prints after its header."""
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
             json.dump({str(m): by_bs for m, by_bs in COSTS.items()}, f)
             f.flush()
@@ -376,25 +378,21 @@ class TestSimulate(CustomTestCase):
             with redirect_stdout(out):
                 sim.main(
                     ["--costs", f.name, "--accept", "0.8", "--phases", "1x1,256x1"]
-                    + ["--policies", "nospec,auto", "--start-offsets", "3"]
+                    + list(args)
                 )
-        nospec, auto = out.getvalue().splitlines()[1:]
+        return out.getvalue().splitlines()[1:]
+
+    def test_cli_with_start_offsets_prints_the_ratio_range(self):
+        nospec, auto = self.cli_rows(
+            "--policies", "nospec,auto", "--start-offsets", "3"
+        )
         self.assertTrue(nospec.endswith("[1.000-1.000]"))
         low, high = map(float, auto.split("[")[1].rstrip("]").split("-"))
         self.assertLessEqual(low, float(auto.split()[2]))
         self.assertLessEqual(float(auto.split()[2]), high)
 
     def test_cli_prints_one_row_per_policy(self):
-        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-            json.dump({str(m): by_bs for m, by_bs in COSTS.items()}, f)
-            f.flush()
-            out = io.StringIO()
-            with redirect_stdout(out):
-                sim.main(
-                    ["--costs", f.name, "--accept", "0.8", "--phases", "1x1,256x1"]
-                    + ["--policies", "nospec,always,auto"]
-                )
-        rows = out.getvalue().splitlines()[1:]
+        rows = self.cli_rows("--policies", "nospec,always,auto")
         self.assertEqual([r.split()[0] for r in rows], ["nospec", "always", "auto"])
 
 

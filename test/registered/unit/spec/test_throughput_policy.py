@@ -56,6 +56,21 @@ def policy(accept_length: float = 2.952, **kwargs) -> ThroughputPolicy:
     )
 
 
+def costs_untimed_at(mode: int, batch_size: int) -> StepCosts:
+    """The fixture's step costs, every one timed but ``mode``'s at ``batch_size``."""
+    table = StepCosts.unmeasured([PLAIN, 3], SIZES)
+    for bs, plain, spec in zip(SIZES, PLAIN_SECONDS, SPEC3_SECONDS):
+        for m, seconds in ((PLAIN, plain), (3, spec)):
+            if (m, bs) != (mode, batch_size):
+                table.observe(m, bs, seconds)
+    return table
+
+
+def mode_and_reason(p: ThroughputPolicy, batch_size: int) -> Tuple[int, str]:
+    decision = p.decide(batch_size)
+    return decision.num_steps, decision.reason
+
+
 def probe_gaps(reasons: List[str]) -> List[int]:
     """The steps from each probe's first step to the next one's."""
     starts = [
@@ -384,33 +399,28 @@ class TestThroughputPolicy(CustomTestCase):
             probe_interval=1000,
         )
 
-        def run(bs: int) -> Tuple[int, str]:
-            return tuple(p.decide(bs)[:2])
-
         # neither timed: speculation, the mode it starts in, runs and is timed first
-        self.assertEqual(run(256), (3, REASON_CALIBRATE))
+        self.assertEqual(mode_and_reason(p, 256), (3, REASON_CALIBRATE))
         costs.observe(3, 256, 0.125)
-        self.assertEqual([run(256) for _ in range(3)], [(PLAIN, REASON_CALIBRATE)] * 3)
+        self.assertEqual(
+            [mode_and_reason(p, 256) for _ in range(3)], [(PLAIN, REASON_CALIBRATE)] * 3
+        )
         # no time arrived yet: not calibrated again before probe_interval steps
-        self.assertEqual(run(256), (3, REASON_CALIBRATE))
+        self.assertEqual(mode_and_reason(p, 256), (3, REASON_CALIBRATE))
         costs.observe(PLAIN, 256, 0.035)
-        self.assertEqual(run(256), (PLAIN, REASON_BEST))
+        self.assertEqual(mode_and_reason(p, 256), (PLAIN, REASON_BEST))
         self.assertEqual(p.num_calibrations, 1)
         # a new bucket: plain runs until it is timed there; then speculation, priced
         # from batch 256 per request, looks better and runs, untimed
-        self.assertEqual(run(1), (PLAIN, REASON_BEST))
+        self.assertEqual(mode_and_reason(p, 1), (PLAIN, REASON_BEST))
         costs.observe(PLAIN, 1, 0.010)
-        self.assertEqual(run(1), (3, REASON_BEST))
+        self.assertEqual(mode_and_reason(p, 1), (3, REASON_BEST))
 
     def test_no_calibration_where_the_other_mode_could_not_win(self):
         # Speculation untimed at 256 costs at least its 70 ms at 128: at 1.5 tokens
         # per request it would not beat a plain step's 35 ms even then, at 2.952 it
         # might, and runs.
-        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
-        for bs, plain, spec in zip(SIZES, PLAIN_SECONDS, SPEC3_SECONDS):
-            table.observe(PLAIN, bs, plain)
-            if bs != 256:
-                table.observe(3, bs, spec)
+        table = costs_untimed_at(3, 256)
         for accept_length, runs in ((1.5, False), (2.952, True)):
             with self.subTest(accept_length=accept_length):
                 p = ThroughputPolicy(
@@ -425,11 +435,7 @@ class TestThroughputPolicy(CustomTestCase):
     def test_the_dwell_holds_no_mode_chosen_on_a_guessed_time(self):
         # Speculation at 256, untimed, priced at its 70 ms at 128, beats plain; once
         # its 125 ms arrive, plain is back at once, not after the dwell.
-        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
-        for bs, plain, spec in zip(SIZES, PLAIN_SECONDS, SPEC3_SECONDS):
-            table.observe(PLAIN, bs, plain)
-            if bs != 256:
-                table.observe(3, bs, spec)
+        table = costs_untimed_at(3, 256)
         p = ThroughputPolicy(
             table,
             AcceptanceEstimate([3], {3: 2.952}),
@@ -441,16 +447,12 @@ class TestThroughputPolicy(CustomTestCase):
         modes = [p.decide(256).num_steps for _ in range(2)]
         self.assertEqual(modes[-1], 3)
         table.observe(3, 256, 0.125)
-        self.assertEqual(tuple(p.decide(256)[:2]), (PLAIN, REASON_BEST))
+        self.assertEqual(mode_and_reason(p, 256), (PLAIN, REASON_BEST))
 
     def test_a_calibration_ends_where_the_batch_leaves_its_bucket(self):
         # A batch refilling from 128 to 256 during speculation's calibration at 128:
         # its steps at 256 would time nothing, at ~3.5 plain steps' time each.
-        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
-        for bs, plain, spec in zip(SIZES, PLAIN_SECONDS, SPEC3_SECONDS):
-            table.observe(PLAIN, bs, plain)
-            if bs != 128:
-                table.observe(3, bs, spec)
+        table = costs_untimed_at(3, 128)
         p = ThroughputPolicy(
             table,
             AcceptanceEstimate([3], {3: 2.952}),
@@ -460,13 +462,11 @@ class TestThroughputPolicy(CustomTestCase):
         )
         self.assertEqual(p.decide(256).num_steps, PLAIN)
 
-        def run(bs: int) -> Tuple[int, str]:
-            return tuple(p.decide(bs)[:2])
-
-        self.assertEqual(run(128), (3, REASON_CALIBRATE))
-        self.assertEqual(run(100), (3, REASON_CALIBRATE))  # same bucket: on
-        self.assertEqual(run(256), (PLAIN, REASON_BEST))
-        self.assertEqual(run(128)[0], PLAIN)  # not resumed
+        self.assertEqual(mode_and_reason(p, 128), (3, REASON_CALIBRATE))
+        # the same bucket: the calibration runs on
+        self.assertEqual(mode_and_reason(p, 100), (3, REASON_CALIBRATE))
+        self.assertEqual(mode_and_reason(p, 256), (PLAIN, REASON_BEST))
+        self.assertEqual(mode_and_reason(p, 128)[0], PLAIN)  # not resumed
 
     def test_a_probe_runs_on_across_buckets(self):
         # A probe also refreshes the acceptance, at any batch size.
@@ -476,7 +476,7 @@ class TestThroughputPolicy(CustomTestCase):
         )
         self.assertEqual(first.num_steps, 3)
         self.assertEqual(
-            [tuple(p.decide(bs)[:2]) for bs in (128, 8, 64)],
+            [mode_and_reason(p, bs) for bs in (128, 8, 64)],
             [(3, REASON_PROBE)] * 3,
         )
 
@@ -485,11 +485,7 @@ class TestThroughputPolicy(CustomTestCase):
         # a prefill every few steps): the policy prices them from buckets 64 and
         # 256 and runs them, rather than speculating at ~3x a plain step's time
         # until a plain step there has been timed.
-        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
-        for bs, plain, spec in zip(SIZES, PLAIN_SECONDS, SPEC3_SECONDS):
-            if bs != 128:
-                table.observe(PLAIN, bs, plain)
-            table.observe(3, bs, spec)
+        table = costs_untimed_at(PLAIN, 128)
         p = ThroughputPolicy(
             table, AcceptanceEstimate([3], {3: 2.952}), min_dwell_steps=0
         )
