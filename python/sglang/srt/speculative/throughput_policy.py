@@ -21,8 +21,11 @@ a dwell so that a batch at the crossover does not flip every step.
   few steps (calibration, long enough for a median of several timed steps);
   ``probe_interval`` steps after the last probe or calibration, the other mode runs
   for ``explore_steps`` (a probe), so that neither its time nor, while plain, the
-  acceptance goes stale. Probes cost ``explore_steps / probe_interval`` of the steps
-  (1.6% by default), each at the other mode's throughput. Where a probe can refresh
+  acceptance goes stale. Probes that refresh the acceptance are spaced in proportion
+  to what a probe step loses against a plain one (down to ``min_probe_interval``
+  steps), so that they lose at most ``explore_steps / probe_interval`` of the output
+  (1.6% by default) and traffic that turns easier is caught soonest where
+  speculation is closest to paying. Where a probe can refresh
   only a step time (while speculating, or plain at a batch where speculation would not
   pay even at the best acceptance seen so far), the interval doubles at each probe, up
   to ``max_probe_backoff`` times itself (0.8% by default), and is spaced by time (it
@@ -367,8 +370,9 @@ class ThroughputPolicy:
     runs for ``explore_steps`` (``probe``), which keeps its time and, while plain, the
     acceptance current. A change of mode does not restart that count: a mode entered
     long after the last probe soon probes the one it left, which catches a change made
-    on a passing estimate. Probes cost ``explore_steps / probe_interval`` of the steps,
-    run at the other mode's throughput. Where a probe can refresh only a step time
+    on a passing estimate. A probe that refreshes the acceptance comes sooner where
+    its steps lose less (``_acceptance_probe_interval``): probes then lose at most
+    ``explore_steps / probe_interval`` of the output. Where a probe can refresh only a step time
     (``_only_a_time_can_go_stale``), the interval is multiplied by the probed mode's
     step time over the current one's (probes take that share of the time, not of the
     steps) and by the current mode's lead over it (``_lead``), and each probe doubles
@@ -391,6 +395,7 @@ class ThroughputPolicy:
         explore_steps: int = 4,
         calibrate_steps: int = 5,
         max_probe_backoff: int = 2,
+        min_probe_interval: int = 16,
     ):
         if PLAIN not in costs.modes:
             raise ValueError("the step costs need the plain step (mode 0)")
@@ -399,9 +404,10 @@ class ThroughputPolicy:
             raise ValueError(f"no step costs for draft step counts {sorted(missing)}")
         if margin < 0 or min_dwell_steps < 0:
             raise ValueError("margin and dwell must be >= 0")
-        if min(probe_interval, explore_steps, calibrate_steps) < 1:
+        if min(probe_interval, explore_steps, calibrate_steps, min_probe_interval) < 1:
             raise ValueError(
-                "probe_interval, explore_steps and calibrate_steps must be >= 1"
+                "probe_interval, explore_steps, calibrate_steps and "
+                "min_probe_interval must be >= 1"
             )
         if max_probe_backoff < 1:
             raise ValueError("max_probe_backoff must be >= 1")
@@ -413,6 +419,7 @@ class ThroughputPolicy:
         self.explore_steps = explore_steps
         self.calibrate_steps = calibrate_steps
         self.max_probe_interval = probe_interval * max_probe_backoff
+        self.min_probe_interval = min(min_probe_interval, probe_interval)
         self.modes = [PLAIN] + [s for s in acceptance.step_counts if s != PLAIN]
 
         # The mode the policy is in (exploration does not change it), how many steps
@@ -534,14 +541,16 @@ class ThroughputPolicy:
                 return self._start_exploring(
                     other, REASON_CALIBRATE, self.calibrate_steps, bucket
                 )
-        # The spacing is never shorter than the interval: most decisions end here.
-        if self._steps_since_explore + 1 < (
-            self._probe_due or self._probe_interval_now
-        ):
+        # Most decisions end here.
+        if self._steps_since_explore + 1 < self.min_probe_interval:
             return None
         others = [m for m in self.modes if m != mode]
         other = max(others, key=lambda m: (rates[m] or 0.0, m))
         if self._only_a_time_can_go_stale(mode, batch_size, rates[PLAIN]):
+            if self._steps_since_explore + 1 < (
+                self._probe_due or self._probe_interval_now
+            ):
+                return None
             if self._probe_due is None:
                 self._probe_due = math.ceil(
                     self._probe_interval_now
@@ -555,6 +564,9 @@ class ThroughputPolicy:
             )
             self._probe_due = None
         else:
+            interval = self._acceptance_probe_interval(other, mode, batch_size, rates)
+            if self._steps_since_explore + 1 < interval:
+                return None
             self._reset_probe_interval()
         self.num_probes += 1
         return self._start_exploring(other, REASON_PROBE, self.explore_steps, None)
@@ -580,6 +592,39 @@ class ThroughputPolicy:
         plain where no speculative mode would pay even at the best acceptance seen
         so far (only traffic easier than any before could change the choice)."""
         return mode != PLAIN or not self._speculation_could_pay(batch_size, plain_rate)
+
+    def _acceptance_probe_interval(
+        self,
+        other: int,
+        mode: int,
+        batch_size: int,
+        rates: Dict[int, Optional[float]],
+    ) -> int:
+        """The steps between probes that refresh the acceptance: ``probe_interval``
+        where a probe step loses a whole step of ``mode``'s output or more, shorter in
+        proportion where it loses less (down to ``min_probe_interval``), so that probes
+        lose at most ``explore_steps / probe_interval`` of the output."""
+        loss = self._probe_step_loss(other, mode, batch_size, rates)
+        return max(
+            self.min_probe_interval, math.ceil(self.probe_interval * min(1.0, loss))
+        )
+
+    def _probe_step_loss(
+        self,
+        other: int,
+        mode: int,
+        batch_size: int,
+        rates: Dict[int, Optional[float]],
+    ) -> float:
+        """The steps' worth of ``mode``'s output that one step of ``other`` loses
+        against ``mode`` running in its time (1 while either is untimed at every
+        bucket; 0 where ``other`` is the faster)."""
+        if rates[mode] is None or rates[other] is None:
+            return 1.0
+        steps = self.costs.estimate(other, batch_size) / self.costs.estimate(
+            mode, batch_size
+        )
+        return steps * max(0.0, 1 - rates[other] / rates[mode])
 
     def _step_cost_ratio(self, other: int, mode: int, batch_size: int) -> float:
         """How many steps of ``mode`` one step of ``other`` takes at this batch size

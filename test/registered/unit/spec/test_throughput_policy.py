@@ -345,6 +345,30 @@ class TestThroughputPolicy(CustomTestCase):
         p.observe_verify(3, 8, 1)
         self.assertEqual(p.get_state()["probe_interval"], 32)
 
+    def test_acceptance_probes_come_sooner_where_speculation_is_closer(self):
+        p = policy(min_dwell_steps=0, probe_interval=256, explore_steps=2)
+        p.observe_verify(3, 64 * 3.8 * 10, 64 * 10, num_verifies=10)
+        # The traffic turned harder: at 64 a speculative step (2.6 plain steps'
+        # time) gives 64 * 2.4 / 0.042 = 3657 tok/s against the plain step's 4000,
+        # so a probe step loses 2.6 * (1 - 3657 / 4000) = 0.22 plain steps' output:
+        # probes come every 256 * 0.22 = 58 steps, and lose 2 * 0.22 / 58 of the
+        # output, explore_steps / probe_interval.
+        p.observe_verify(3, 64 * 2.4 * 100, 64 * 100, num_verifies=100)
+        gaps = probe_gaps([p.decide(64).reason for _ in range(400)])
+        self.assertEqual(p.get_state()["mode_num_steps"], PLAIN)
+        self.assertEqual(set(gaps), {2 + 57})
+        # Harder still (1.5 tokens: a probe step loses more than a plain step's
+        # output), every probe_interval steps.
+        p.observe_verify(3, 64 * 1.5 * 100, 64 * 100, num_verifies=100)
+        gaps = probe_gaps([p.decide(64).reason for _ in range(800)])
+        self.assertEqual(set(gaps[1:]), {2 + 255})
+        # Where speculation is the faster (2.7 tokens: 4114 tok/s) but not by the
+        # margin, every min_probe_interval steps.
+        p.observe_verify(3, 64 * 2.7 * 100, 64 * 100, num_verifies=100)
+        gaps = probe_gaps([p.decide(64).reason for _ in range(100)])
+        self.assertEqual(p.get_state()["mode_num_steps"], PLAIN)
+        self.assertEqual(set(gaps[1:]), {2 + 15})
+
     def test_probes_back_off_where_speculation_cannot_pay(self):
         # At 256 speculating gives 256 * 2.952 / 0.125 = 6046 tok/s against the plain
         # step's 7314: even the best acceptance seen (the same) would not pay.
