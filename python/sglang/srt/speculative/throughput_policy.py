@@ -372,12 +372,12 @@ class ThroughputPolicy:
     long after the last probe soon probes the one it left, which catches a change made
     on a passing estimate. A probe that refreshes the acceptance comes sooner where
     its steps lose less (``_acceptance_probe_interval``): probes then lose at most
-    ``explore_steps / probe_interval`` of the output. Where a probe can refresh only a step time
-    (``_only_a_time_can_go_stale``), the interval is multiplied by the probed mode's
-    step time over the current one's (probes take that share of the time, not of the
-    steps) and by the current mode's lead over it (``_lead``), and each probe doubles
-    it, up to ``max_probe_backoff`` times ``probe_interval``; any other probe, a change
-    of mode or, while plain, a new best acceptance resets it. A new mode is held for
+    ``explore_steps / probe_interval`` of the output. Where a probe can refresh only a
+    step time (``_only_a_time_can_go_stale``), the interval is multiplied by the
+    probed mode's step time over the current one's (probes take that share of the
+    time, not of the steps) and by the current mode's lead over it (``_lead``), and
+    each probe doubles it, up to ``max_probe_backoff`` times ``probe_interval``; any
+    other probe, a change of mode or, while plain, a new best acceptance resets it. A new mode is held for
     ``min_dwell_steps`` steps while the batch stays in the bucket it was chosen at,
     unless it was chosen there on a lower bound (untimed there): then its first time
     decides at once. The mode left is timed afresh at that bucket
