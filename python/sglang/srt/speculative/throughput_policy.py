@@ -377,10 +377,10 @@ class ThroughputPolicy:
     probed mode's step time over the current one's (probes take that share of the
     time, not of the steps) and by the current mode's lead over it (``_lead``), and
     each probe doubles it, up to ``max_probe_backoff`` times ``probe_interval``; any
-    other probe, a change of mode or, while plain, a new best acceptance resets it. A new mode is held for
-    ``min_dwell_steps`` steps while the batch stays in the bucket it was chosen at,
-    unless it was chosen there on a lower bound (untimed there): then its first time
-    decides at once. The mode left is timed afresh at that bucket
+    other probe, a change of mode or, while plain, a new best acceptance resets it.
+    A new mode is held for ``min_dwell_steps`` steps while the batch stays in the
+    bucket it was chosen at, unless it was chosen there on a lower bound (untimed
+    there): then its first time decides at once. The mode left is timed afresh at that bucket
     (``StepCosts.restart``): if a passing stretch of slow steps made the change, the
     steps that made it do not outvote its next probe's.
     """
@@ -601,30 +601,21 @@ class ThroughputPolicy:
         rates: Dict[int, Optional[float]],
     ) -> int:
         """The steps between probes that refresh the acceptance: ``probe_interval``
-        where a probe step loses a whole step of ``mode``'s output or more, shorter in
-        proportion where it loses less (down to ``min_probe_interval``), so that probes
-        lose at most ``explore_steps / probe_interval`` of the output."""
-        loss = self._probe_step_loss(other, mode, batch_size, rates)
-        return max(
-            self.min_probe_interval, math.ceil(self.probe_interval * min(1.0, loss))
-        )
-
-    def _probe_step_loss(
-        self,
-        other: int,
-        mode: int,
-        batch_size: int,
-        rates: Dict[int, Optional[float]],
-    ) -> float:
-        """The steps' worth of ``mode``'s output that one step of ``other`` loses
-        against ``mode`` running in its time (1 while either is untimed at every
-        bucket; 0 where ``other`` is the faster)."""
+        where a probe step loses a whole step of ``mode``'s output or more (or
+        either mode is untimed at every bucket), shorter in proportion where it
+        loses less (down to ``min_probe_interval``), so that probes lose at most
+        ``explore_steps / probe_interval`` of the output."""
         if rates[mode] is None or rates[other] is None:
-            return 1.0
+            return self.probe_interval
+        # A step of `other` takes `steps` of `mode`'s time, and yields that much
+        # less than they would: `loss` steps' worth of output.
         steps = self.costs.estimate(other, batch_size) / self.costs.estimate(
             mode, batch_size
         )
-        return steps * max(0.0, 1 - rates[other] / rates[mode])
+        loss = steps * max(0.0, 1 - rates[other] / rates[mode])
+        return max(
+            self.min_probe_interval, math.ceil(self.probe_interval * min(1.0, loss))
+        )
 
     def _step_cost_ratio(self, other: int, mode: int, batch_size: int) -> float:
         """How many steps of ``mode`` one step of ``other`` takes at this batch size

@@ -350,8 +350,8 @@ class TestThroughputPolicy(CustomTestCase):
         p.observe_verify(3, 64 * 3.8 * 10, 64 * 10, num_verifies=10)
         # The traffic turned harder: at 64 a speculative step (2.6 plain steps'
         # time) gives 64 * 2.4 / 0.042 = 3657 tok/s against the plain step's 4000,
-        # so a probe step loses 2.6 * (1 - 3657 / 4000) = 0.22 plain steps' output:
-        # probes come every 256 * 0.22 = 58 steps, and lose 2 * 0.22 / 58 of the
+        # so a probe step loses 2.6 * (1 - 3657 / 4000) = 0.225 plain steps' output:
+        # probes come every 256 * 0.225 = 58 steps, and lose 2 * 0.225 / 58 of the
         # output, explore_steps / probe_interval.
         p.observe_verify(3, 64 * 2.4 * 100, 64 * 100, num_verifies=100)
         gaps = probe_gaps([p.decide(64).reason for _ in range(400)])
@@ -577,6 +577,8 @@ class TestThroughputPolicy(CustomTestCase):
             policy(probe_interval=0)
         with self.assertRaises(ValueError):
             policy(max_probe_backoff=0)
+        with self.assertRaises(ValueError):
+            policy(min_probe_interval=0)
         with self.assertRaises(ValueError):
             policy().decide(0)
 
