@@ -25,9 +25,9 @@ a dwell so that a batch at the crossover does not flip every step.
   to what a probe step loses against a plain one (down to ``min_probe_interval``
   steps), so that they lose at most ``explore_steps / probe_interval`` of the output
   (1.6% by default) and traffic that turns easier is caught soonest where
-  speculation is closest to paying. Where a probe can refresh
-  only a step time (while speculating, or plain at a batch where speculation would not
-  pay even at the best acceptance seen so far), the interval doubles at each probe, up
+  speculation is closest to paying. Where a probe can refresh only a step time
+  (while speculating, or plain at a batch where speculation would not pay even at
+  the best acceptance seen so far), the interval doubles at each probe, up
   to ``max_probe_backoff`` times itself (0.8% by default), and is spaced by time (it
   counts steps' worth of the probed mode's step: at a large batch a speculative step
   can take several plain ones) and by the lead (times how many times faster the probed
@@ -380,9 +380,9 @@ class ThroughputPolicy:
     other probe, a change of mode or, while plain, a new best acceptance resets it.
     A new mode is held for ``min_dwell_steps`` steps while the batch stays in the
     bucket it was chosen at, unless it was chosen there on a lower bound (untimed
-    there): then its first time decides at once. The mode left is timed afresh at that bucket
-    (``StepCosts.restart``): if a passing stretch of slow steps made the change, the
-    steps that made it do not outvote its next probe's.
+    there): then its first time decides at once. The mode left is timed afresh at
+    that bucket (``StepCosts.restart``): if a passing stretch of slow steps made the
+    change, the steps that made it do not outvote its next probe's.
     """
 
     def __init__(
@@ -605,26 +605,28 @@ class ThroughputPolicy:
         either mode is untimed at every bucket), shorter in proportion where it
         loses less (down to ``min_probe_interval``), so that probes lose at most
         ``explore_steps / probe_interval`` of the output."""
-        if rates[mode] is None or rates[other] is None:
+        steps = self._time_ratio(other, mode, batch_size)
+        if steps is None:
             return self.probe_interval
-        # A step of `other` takes `steps` of `mode`'s time, and yields that much
-        # less than they would: `loss` steps' worth of output.
-        steps = self.costs.estimate(other, batch_size) / self.costs.estimate(
-            mode, batch_size
-        )
+        # A step of `other` yields that much less than `steps` of `mode` would.
         loss = steps * max(0.0, 1 - rates[other] / rates[mode])
         return max(
             self.min_probe_interval, math.ceil(self.probe_interval * min(1.0, loss))
         )
 
-    def _step_cost_ratio(self, other: int, mode: int, batch_size: int) -> float:
+    def _time_ratio(self, other: int, mode: int, batch_size: int) -> Optional[float]:
         """How many steps of ``mode`` one step of ``other`` takes at this batch size
-        (at least 1; 1 while either is untimed at every bucket)."""
+        (None while either is untimed at every bucket)."""
         theirs = self.costs.estimate(other, batch_size)
         mine = self.costs.estimate(mode, batch_size)
         if theirs is None or mine is None:
-            return 1.0
-        return max(1.0, theirs / mine)
+            return None
+        return theirs / mine
+
+    def _step_cost_ratio(self, other: int, mode: int, batch_size: int) -> float:
+        """``_time_ratio``, at least 1 (1 while either is untimed at every bucket)."""
+        ratio = self._time_ratio(other, mode, batch_size)
+        return 1.0 if ratio is None else max(1.0, ratio)
 
     def _lead(self, rate: Optional[float], other_rate: Optional[float]) -> float:
         """How many times faster the other mode's step would have to become to come

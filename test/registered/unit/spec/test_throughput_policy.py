@@ -8,7 +8,7 @@ per batch bucket, as the server learns them from its decode steps), not measurem
 import threading
 import unittest
 from types import SimpleNamespace
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from sglang.srt.speculative.throughput_policy import (
     PLAIN,
@@ -50,9 +50,14 @@ def costs(**kwargs) -> StepCosts:
     )
 
 
-def policy(accept_length: float = 2.952, **kwargs) -> ThroughputPolicy:
+def policy(
+    accept_length: float = 2.952, table: Optional[StepCosts] = None, **kwargs
+) -> ThroughputPolicy:
+    """The policy on the fixture's step costs, or on ``table``."""
     return ThroughputPolicy(
-        costs(), AcceptanceEstimate([3], {3: accept_length}), **kwargs
+        costs() if table is None else table,
+        AcceptanceEstimate([3], {3: accept_length}),
+        **kwargs,
     )
 
 
@@ -414,30 +419,26 @@ class TestThroughputPolicy(CustomTestCase):
         self.assertEqual(p.get_state()["mode_num_steps"], PLAIN)
 
     def test_calibrates_an_unmeasured_mode_before_comparing(self):
-        costs = StepCosts.unmeasured([PLAIN, 3], SIZES)
-        p = ThroughputPolicy(
-            costs,
-            AcceptanceEstimate([3], {3: 2.952}),
-            min_dwell_steps=0,
-            calibrate_steps=3,
-            probe_interval=1000,
+        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
+        p = policy(
+            table=table, min_dwell_steps=0, calibrate_steps=3, probe_interval=1000
         )
 
         # neither timed: speculation, the mode it starts in, runs and is timed first
         self.assertEqual(mode_and_reason(p, 256), (3, REASON_CALIBRATE))
-        costs.observe(3, 256, 0.125)
+        table.observe(3, 256, 0.125)
         self.assertEqual(
             [mode_and_reason(p, 256) for _ in range(3)], [(PLAIN, REASON_CALIBRATE)] * 3
         )
         # no time arrived yet: not calibrated again before probe_interval steps
         self.assertEqual(mode_and_reason(p, 256), (3, REASON_CALIBRATE))
-        costs.observe(PLAIN, 256, 0.035)
+        table.observe(PLAIN, 256, 0.035)
         self.assertEqual(mode_and_reason(p, 256), (PLAIN, REASON_BEST))
         self.assertEqual(p.num_calibrations, 1)
         # a new bucket: plain runs until it is timed there; then speculation, priced
         # from batch 256 per request, looks better and runs, untimed
         self.assertEqual(mode_and_reason(p, 1), (PLAIN, REASON_BEST))
-        costs.observe(PLAIN, 1, 0.010)
+        table.observe(PLAIN, 1, 0.010)
         self.assertEqual(mode_and_reason(p, 1), (3, REASON_BEST))
 
     def test_no_calibration_where_the_other_mode_could_not_win(self):
@@ -447,11 +448,7 @@ class TestThroughputPolicy(CustomTestCase):
         table = costs_untimed_at(3, 256)
         for accept_length, runs in ((1.5, False), (2.952, True)):
             with self.subTest(accept_length=accept_length):
-                p = ThroughputPolicy(
-                    table,
-                    AcceptanceEstimate([3], {3: accept_length}),
-                    min_dwell_steps=0,
-                )
+                p = policy(accept_length, table=table, min_dwell_steps=0)
                 self.assertEqual(p.decide(128).num_steps, PLAIN)
                 modes = {p.decide(256).num_steps for _ in range(20)}
                 self.assertEqual(3 in modes, runs)
@@ -460,12 +457,8 @@ class TestThroughputPolicy(CustomTestCase):
         # Speculation at 256, untimed, priced at its 70 ms at 128, beats plain; once
         # its 125 ms arrive, plain is back at once, not after the dwell.
         table = costs_untimed_at(3, 256)
-        p = ThroughputPolicy(
-            table,
-            AcceptanceEstimate([3], {3: 2.952}),
-            min_dwell_steps=8,
-            calibrate_steps=1,
-            probe_interval=1000,
+        p = policy(
+            table=table, min_dwell_steps=8, calibrate_steps=1, probe_interval=1000
         )
         p.decide(128)
         modes = [p.decide(256).num_steps for _ in range(2)]
@@ -477,12 +470,8 @@ class TestThroughputPolicy(CustomTestCase):
         # A batch refilling from 128 to 256 during speculation's calibration at 128:
         # its steps at 256 would time nothing, at ~3.5 plain steps' time each.
         table = costs_untimed_at(3, 128)
-        p = ThroughputPolicy(
-            table,
-            AcceptanceEstimate([3], {3: 2.952}),
-            min_dwell_steps=0,
-            calibrate_steps=5,
-            probe_interval=1000,
+        p = policy(
+            table=table, min_dwell_steps=0, calibrate_steps=5, probe_interval=1000
         )
         self.assertEqual(p.decide(256).num_steps, PLAIN)
 
@@ -510,9 +499,7 @@ class TestThroughputPolicy(CustomTestCase):
         # 256 and runs them, rather than speculating at ~3x a plain step's time
         # until a plain step there has been timed.
         table = costs_untimed_at(PLAIN, 128)
-        p = ThroughputPolicy(
-            table, AcceptanceEstimate([3], {3: 2.952}), min_dwell_steps=0
-        )
+        p = policy(table=table, min_dwell_steps=0)
         modes = [p.decide(128).num_steps for _ in range(50)]
         self.assertEqual(modes, [PLAIN] * 50)
 
