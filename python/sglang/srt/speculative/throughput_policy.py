@@ -27,7 +27,7 @@ a dwell so that a batch at the crossover does not flip every step.
   (1.6% by default) and traffic that turns easier is caught soonest where
   speculation is closest to paying. Where a probe can refresh only a step time
   (while speculating, or plain at a batch where speculation would not pay even at
-  the best acceptance seen so far), the interval doubles at each probe, up
+  the best acceptance seen so far, once the estimate has settled), the interval doubles at each probe, up
   to ``max_probe_backoff`` times itself (0.8% by default), and is spaced by time (it
   counts steps' worth of the probed mode's step: at a large batch a speculative step
   can take several plain ones) and by the lead (times how many times faster the probed
@@ -340,9 +340,17 @@ class AcceptanceEstimate:
         last = self._last_verify.get(num_steps)
         return last is not None and self._num_verifies - last < self.stale_after
 
+    def is_settled(self) -> bool:
+        """Whether the estimate rests on as many verify steps as its EMA averages
+        over."""
+        return self._num_verifies >= self._mean_span
+
     def best(self, num_steps: int) -> float:
         """The highest E[accept length | num_steps] so far (the current estimate
-        while it has none)."""
+        while it has none); every draft accepted until the estimate has settled: a
+        few requests' verify steps cannot rule speculation out."""
+        if not self.is_settled():
+            return num_steps + 1.0
         return max(self.expected(num_steps), self._best.get(num_steps, 1.0))
 
     def state(self) -> Dict[str, float]:

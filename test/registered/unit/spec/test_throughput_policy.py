@@ -53,12 +53,21 @@ def costs(**kwargs) -> StepCosts:
 def policy(
     accept_length: float = 2.952, table: Optional[StepCosts] = None, **kwargs
 ) -> ThroughputPolicy:
-    """The policy on the fixture's step costs, or on ``table``."""
+    """The policy on the fixture's step costs, or on ``table``, with an acceptance
+    estimate settled at ``accept_length``."""
     return ThroughputPolicy(
         costs() if table is None else table,
-        AcceptanceEstimate([3], {3: accept_length}),
+        settled_acceptance(accept_length),
         **kwargs,
     )
+
+
+def settled_acceptance(accept_length: float) -> AcceptanceEstimate:
+    """An estimate that observed ``accept_length`` for as many verify steps as its
+    EMA averages over."""
+    estimate = AcceptanceEstimate([3], {3: 1.0})
+    estimate.observe(3, accept_length * 10, 10, num_verifies=10)
+    return estimate
 
 
 def costs_untimed_at(mode: int, batch_size: int) -> StepCosts:
@@ -236,9 +245,20 @@ class TestAcceptanceEstimate(CustomTestCase):
                 self.assertAlmostEqual(grouped.best(3), one_by_one.best(3))
                 self.assertGreater(grouped.expected(3), 3.4)
 
+    def test_a_few_unlucky_verify_steps_rule_nothing_out(self):
+        estimate = AcceptanceEstimate([3], {3: 1.0})
+        self.assertEqual(estimate.best(3), 4.0)
+        for _ in range(9):
+            estimate.observe(3, num_tokens=1, num_requests=1)
+        self.assertEqual(estimate.expected(3), 1.0)
+        self.assertEqual(estimate.best(3), 4.0)  # every draft accepted
+        self.assertFalse(estimate.is_settled())
+        estimate.observe(3, num_tokens=1, num_requests=1)
+        self.assertEqual(estimate.best(3), 1.0)
+
     def test_a_lucky_first_verify_is_not_a_best(self):
         estimate = AcceptanceEstimate([3], {3: 1.0})
-        self.assertTrue(estimate.observe(3, num_tokens=4, num_requests=1))
+        estimate.observe(3, num_tokens=4, num_requests=1)
         for _ in range(30):
             estimate.observe(3, num_tokens=29, num_requests=10)
         self.assertLess(estimate.best(3), 3.05)  # the mean of the first 10
@@ -387,10 +407,10 @@ class TestThroughputPolicy(CustomTestCase):
         # first), up to 64.
         self.assertEqual(gaps[:3], [2 + 131, 2 + 263, 2 + 263])
         self.assertEqual(p.get_state()["probe_interval"], 64)
-        # Once a 4.0 acceptance has held for as many verify steps as the estimate
-        # averages over (256 * 4 / 0.125 = 8192 tok/s would pay), probing returns
-        # to the base interval, counted in steps.
-        p.observe_verify(3, 256 * 4 * 10, 256 * 10, num_verifies=10)
+        # Once a 4.0 acceptance has held long enough to bring the estimate near it
+        # (256 * 4 / 0.125 = 8192 tok/s would pay), probing returns to the base
+        # interval, counted in steps.
+        p.observe_verify(3, 256 * 4 * 40, 256 * 40, num_verifies=40)
         for _ in range(60):  # and the traffic turned hard again
             p.observe_verify(3, int(256 * 2.5), 256)
         gaps = probe_gaps([p.decide(256).reason for _ in range(200)])
@@ -412,9 +432,9 @@ class TestThroughputPolicy(CustomTestCase):
         # a probe saw more than ever (3.0 > 2.952), though not enough to pay at 256
         p.observe_verify(3, 256 * 3, 256)
         self.assertEqual(p.get_state()["probe_interval"], 16)
-        # the next probe comes 16 * 3.6 * 1.12 = 64 plain steps after the last one,
+        # the next probe comes 16 * 3.6 * 1.14 = 65 plain steps after the last one,
         # not 4 times that
-        reasons = [p.decide(256).reason for _ in range(64)]
+        reasons = [p.decide(256).reason for _ in range(70)]
         self.assertIn(REASON_PROBE, reasons)
         self.assertEqual(p.get_state()["mode_num_steps"], PLAIN)
 
@@ -452,6 +472,28 @@ class TestThroughputPolicy(CustomTestCase):
                 self.assertEqual(p.decide(128).num_steps, PLAIN)
                 modes = {p.decide(256).num_steps for _ in range(20)}
                 self.assertEqual(3 in modes, runs)
+
+    def test_a_few_hard_first_requests_do_not_shut_speculation_out(self):
+        # The server's first verify steps accepted nothing; at 32, where speculation
+        # is untimed, it is timed at once all the same, and then wins on what its
+        # steps accept there (the mean of 3 x 1.0 and 3 x 3.6: 2.3 tokens, 2629
+        # tok/s against the plain step's 2462).
+        table = costs_untimed_at(3, 32)
+        p = ThroughputPolicy(
+            table,
+            AcceptanceEstimate([3], {3: 1.0}),
+            min_dwell_steps=0,
+            calibrate_steps=3,
+        )
+        p.observe_verify(3, num_tokens=3, num_requests=3, num_verifies=3)
+        self.assertEqual(
+            [mode_and_reason(p, 32) for _ in range(3)], [(3, REASON_CALIBRATE)] * 3
+        )
+        table.observe(3, 32, 0.028)
+        p.observe_verify(
+            3, num_tokens=32 * 3.6 * 3, num_requests=32 * 3, num_verifies=3
+        )
+        self.assertEqual(mode_and_reason(p, 32), (3, REASON_BEST))
 
     def test_the_dwell_holds_no_mode_chosen_on_a_guessed_time(self):
         # Speculation at 256, untimed, priced at its 70 ms at 128, beats plain; once
