@@ -236,13 +236,21 @@ DECODE_LOG_LINE = re.compile(
     r"gen throughput \(token/s\): ([\d.]+)"
 )
 SPEC_MODE_FIELD = re.compile(r"spec: (on|off)")
+ACCEPT_LENGTH_FIELD = re.compile(r"accept len: ([\d.]+)")
+
+
+def verified_drafts(line: str) -> bool:
+    """Whether a decode log line's window ran speculative steps (a load-aware
+    server's plain window with probes in it logs their accept length)."""
+    field = ACCEPT_LENGTH_FIELD.search(line)
+    return field is not None and float(field.group(1)) > 0
 
 
 def decode_windows(log_lines: Iterable[str], speculative: bool) -> List[dict]:
     """The steady decode windows a server logged (--decode-log-interval steps without
-    a prefill, the same running batch at both ends), in log order: each one's mode
-    ("spec" or "plain"; load-aware servers log it), running batch, KV tokens in use
-    and decode tok/s."""
+    a prefill, the same running batch at both ends, and, where plain, no speculative
+    step), in log order: each one's mode ("spec" or "plain"; load-aware servers log
+    it), running batch, KV tokens in use and decode tok/s."""
     windows = []
     window_batch = None  # at the window's start; None: it started with a prefill
     for line in log_lines:
@@ -256,14 +264,15 @@ def decode_windows(log_lines: Iterable[str], speculative: bool) -> List[dict]:
         if batch == window_batch:
             field = SPEC_MODE_FIELD.search(line)
             spec = field.group(1) == "on" if field else speculative
-            windows.append(
-                {
-                    "mode": "spec" if spec else "plain",
-                    "batch": batch,
-                    "tokens": int(match.group(2)),
-                    "tok_s": float(match.group(3)),
-                }
-            )
+            if spec or not verified_drafts(line):
+                windows.append(
+                    {
+                        "mode": "spec" if spec else "plain",
+                        "batch": batch,
+                        "tokens": int(match.group(2)),
+                        "tok_s": float(match.group(3)),
+                    }
+                )
         window_batch = batch
     return windows
 

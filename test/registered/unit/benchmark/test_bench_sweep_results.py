@@ -1997,8 +1997,10 @@ class TestBenchSweepResults(CustomTestCase):
             )
 
     def test_decode_throughput_from_the_server_log(self):
-        def decode(bs, tok_s, spec=None):
+        def decode(bs, tok_s, spec=None, accept_len=None):
             mode = f"spec: {spec}, " if spec else ""
+            if accept_len is not None:
+                mode = f"accept len: {accept_len:.2f}, {mode}"
             return (
                 f"[t] Decode batch, #running-req: {bs}, #token: {int(tok_s)}, token "
                 f"usage: 0.00, {mode}cuda graph: True, gen throughput (token/s): "
@@ -2014,8 +2016,9 @@ class TestBenchSweepResults(CustomTestCase):
             decode(4, 300.0),
             decode(3, 3.0),  # the batch changed in its window
             decode(3, 200.0),
-            decode(3, 500.0, spec="off"),
-            decode(3, 90.0, spec="on"),
+            decode(3, 500.0, spec="off", accept_len=0.0),
+            decode(3, 400.0, spec="off", accept_len=1.1),  # probes ran in its window
+            decode(3, 90.0, spec="on", accept_len=2.5),
             decode(3, 80.0, spec="on"),
         ]
         windows = sweep.server.decode_windows(log, speculative=True)
