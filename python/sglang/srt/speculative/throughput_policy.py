@@ -27,13 +27,14 @@ a dwell so that a batch at the crossover does not flip every step.
   (1.6% by default) and traffic that turns easier is caught soonest where
   speculation is closest to paying. Where a probe can refresh only a step time
   (while speculating, or plain at a batch where speculation would not pay even at
-  the best acceptance seen so far, once the estimate has settled), the interval doubles at each probe, up
-  to ``max_probe_backoff`` times itself (0.8% by default), and is spaced by time (it
-  counts steps' worth of the probed mode's step: at a large batch a speculative step
-  can take several plain ones) and by the lead (times how many times faster the probed
-  mode's step would have to become to come within the margin: a time that must drift
-  further before it matters is refreshed less often). The dwell holds a new mode only
-  while the batch stays in the bucket it was chosen at.
+  the best acceptance seen so far, once the estimate has settled), the interval
+  doubles at each probe, up to ``max_probe_backoff`` times itself (0.8% by
+  default), and is spaced by time (it counts steps' worth of the probed mode's
+  step: at a large batch a speculative step can take several plain ones) and by
+  the lead (times how many times faster the probed mode's step would have to
+  become to come within the margin: a time that must drift further before it
+  matters is refreshed less often). The dwell holds a new mode only while the
+  batch stays in the bucket it was chosen at.
 * ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
   launches of the running batch (``DecodeStepTimer``) and folds what the steps
   observed into the policy, summed over TP ranks (``PendingObservations``), so that
