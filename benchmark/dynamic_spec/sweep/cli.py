@@ -11,8 +11,8 @@ import os
 import sys
 from typing import List, Optional, Tuple, Union
 
-from sglang.test.spec_engine_utils import synthetic_pair
-from sglang.test.synthetic_spec_models import parse_draft_accept
+from sglang.test.spec_engine_utils import synthetic_pair, synthetic_pair_dir
+from sglang.test.synthetic_spec_models import SPEC_FILE, parse_draft_accept
 from sweep.bench_serving import BENCH_SERVING_MODULE
 from sweep.configs import Config, build_configs, pristine_upstream
 from sweep.records import (
@@ -181,6 +181,10 @@ def generated_pair(
     """synthetic_pair, generated in a child process where missing: generating on the
     GPU leaves a CUDA context in the process that did it, which the servers
     started next would then lose from their KV pool."""
+    if os.path.isfile(
+        os.path.join(synthetic_pair_dir(preset, draft_accept), SPEC_FILE)
+    ):
+        return synthetic_pair(preset, draft_accept)
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
         return child.submit(synthetic_pair, preset, draft_accept).result()

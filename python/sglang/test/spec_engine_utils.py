@@ -93,6 +93,22 @@ def acceptance_label(draft_accept) -> str:
     return "-".join(str(p) for p in draft_accept)
 
 
+def synthetic_pair_dir(
+    preset: str = "tiny",
+    draft_accept: Union[float, Tuple[float, ...]] = 0.8,
+    seed: int = 0,
+    draft_kv_check: bool = False,
+) -> str:
+    """Where synthetic_pair keeps this pair (generated once its spec file is there)."""
+    root = os.environ.get(SYNTHETIC_MODELS_DIR_ENV) or os.path.join(
+        tempfile.gettempdir(), "sglang-synthetic"
+    )
+    variant = "-kvcheck" if draft_kv_check else ""
+    return os.path.join(
+        root, f"{preset}-p{acceptance_label(draft_accept)}-s{seed}{variant}"
+    )
+
+
 def synthetic_pair(
     preset: str = "tiny",
     draft_accept: Union[float, Tuple[float, ...]] = 0.8,
@@ -107,13 +123,7 @@ def synthetic_pair(
     import torch
     from sglang.test.synthetic_spec_models import SPEC_FILE, generate
 
-    root = os.environ.get(SYNTHETIC_MODELS_DIR_ENV) or os.path.join(
-        tempfile.gettempdir(), "sglang-synthetic"
-    )
-    variant = "-kvcheck" if draft_kv_check else ""
-    out_dir = os.path.join(
-        root, f"{preset}-p{acceptance_label(draft_accept)}-s{seed}{variant}"
-    )
+    out_dir = synthetic_pair_dir(preset, draft_accept, seed, draft_kv_check)
     if not os.path.isfile(os.path.join(out_dir, SPEC_FILE)):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         generate(

@@ -837,7 +837,7 @@ class TestBenchSweepResults(CustomTestCase):
             ),
         )
 
-    def test_the_benchmark_generates_its_pair_in_a_child_process(self):
+    def test_the_benchmark_generates_its_pair_in_a_child_process_once(self):
         with tempfile.TemporaryDirectory() as root, mock.patch.dict(
             os.environ, {"SGLANG_SYNTHETIC_MODELS_DIR": root}
         ):
@@ -849,6 +849,12 @@ class TestBenchSweepResults(CustomTestCase):
             for path in pair:
                 self.assertTrue(os.path.isfile(os.path.join(path, "config.json")))
             self.assertEqual(pair, synthetic_pair("tiny", 0.8))
+            with mock.patch.object(
+                sweep.cli.concurrent.futures,
+                "ProcessPoolExecutor",
+                side_effect=AssertionError("a child process for a generated pair"),
+            ):
+                self.assertEqual(sweep.cli.generated_pair("tiny", 0.8), pair)
 
     def test_the_recorded_commit_says_when_the_code_that_ran_is_not_heads(self):
         # The repository of the benchmark, wherever it is run from.
