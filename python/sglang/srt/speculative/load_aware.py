@@ -87,10 +87,8 @@ logger = logging.getLogger(__name__)
 
 G = TypeVar("G")
 # write_kv_cache_only of a draft model, bound to its KV pool: (input_ids,
-# positions, target hidden states, out_cache_loc) -> the layer's hidden input.
-KVWrite = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
-]
+# positions, target hidden states, out_cache_loc).
+KVWrite = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 def build_plain_step(worker: EAGLEWorkerV2) -> Optional[LoadAwarePlainStep]:
@@ -227,31 +225,33 @@ class DraftKVWriteGraphs:
     Eager, the write's ~10 small kernels cost more host time than GPU time, and
     at large batches a plain step is host-bound like a decode step without
     speculation. A batch between captured sizes replays the next larger graph;
-    its padding rows write the KV pool's padding slot 0. The graphs have a
-    memory pool of their own: the output, the next draft input, must survive the
-    other CUDA graphs' replays (the target's, the draft's) until a speculative step
-    reads it.
+    its padding rows write the KV pool's padding slot 0. A write takes the target
+    hidden states of its requests from ``hidden_by_req`` (rows by request pool
+    index, filled by the caller). With ``overlap``, the replays run on a stream
+    of their own, beside the next target forward: nothing that step returns
+    depends on them. ``wait`` orders the current stream after the last replay.
+    The graphs have a memory pool of their own, which no concurrent graph uses.
     """
 
     def __init__(
         self,
         write: KVWrite,
         capture_bs: Sequence[int],
-        hidden_size: int,
-        dtype: torch.dtype,
-        device: torch.device,
+        hidden_by_req: torch.Tensor,
+        overlap: bool,
     ):
         self.write = write
         self.capture_bs = sorted(capture_bs)
+        self.hidden_by_req = hidden_by_req
         max_bs = self.capture_bs[-1]
+        device = hidden_by_req.device
         self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
         self.positions = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.hidden_states = torch.zeros(
-            (max_bs, hidden_size), dtype=dtype, device=device
-        )
+        self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=device)
         self.out_cache_loc = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.stream = torch.cuda.Stream(device) if overlap else None
+        self.replayed = torch.cuda.Event()
         self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: Dict[int, torch.Tensor] = {}
 
     def capture(self, stream: torch.cuda.Stream) -> None:
         """Warm up and capture every batch size (while ``out_cache_loc`` is all
@@ -263,7 +263,7 @@ class DraftKVWriteGraphs:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
-                self.outputs[bs] = self._write(bs)
+                self._write(bs)
             self.graphs[bs] = graph
 
     def can_run(self, bs: int) -> bool:
@@ -273,25 +273,37 @@ class DraftKVWriteGraphs:
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        hidden_states: torch.Tensor,
+        req_pool_indices: torch.Tensor,
         out_cache_loc: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> None:
         bs = len(input_ids)
         graph_bs = self.capture_bs[bisect.bisect_left(self.capture_bs, bs)]
+        self.wait()
         self.input_ids[:bs].copy_(input_ids)
         self.positions[:bs].copy_(positions)
-        self.hidden_states[:bs].copy_(hidden_states)
+        self.req_pool_indices[:bs].copy_(req_pool_indices)
         self.out_cache_loc[:bs].copy_(out_cache_loc)
         if graph_bs > bs:
             self.out_cache_loc[bs:graph_bs].zero_()
-        self.graphs[graph_bs].replay()
-        return self.outputs[graph_bs][:bs]
+        if self.stream is None:
+            self.graphs[graph_bs].replay()
+            return
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            self.graphs[graph_bs].replay()
+            self.replayed.record()
 
-    def _write(self, bs: int) -> torch.Tensor:
-        return self.write(
+    def wait(self) -> None:
+        """Order the current stream after the last replay: before anything reads
+        the draft KV or refills the graphs' inputs."""
+        if self.stream is not None:
+            torch.cuda.current_stream().wait_event(self.replayed)
+
+    def _write(self, bs: int) -> None:
+        self.write(
             self.input_ids[:bs],
             self.positions[:bs],
-            self.hidden_states[:bs],
+            self.hidden_by_req[self.req_pool_indices[:bs]],
             self.out_cache_loc[:bs],
         )
 
@@ -310,7 +322,9 @@ class DraftCatchUp:
 
     def __init__(self, worker: EAGLEWorkerV2, graph_bs: Optional[Sequence[int]]):
         """graph_bs: the batch sizes to capture the KV-only write at (the
-        target's plain-decode graphs'), or None to run it eagerly."""
+        target's plain-decode graphs'), or None to run it eagerly. With one TP
+        rank the captured writes run beside the next target forward (with more,
+        the draft embedding's all-reduce must keep the ranks' stream order)."""
         draft_worker = worker.draft_worker
         self.draft_worker = draft_worker
         draft_runner = draft_worker.draft_runner
@@ -335,6 +349,18 @@ class DraftCatchUp:
             self.pending_topk_index = torch.zeros(
                 (max_bs, self.topk), dtype=torch.int64, device=device
             )
+            fc = draft_runner.model.model.fc
+            # The target hidden states of each request's last token written KV
+            # only, by request pool index: ``resume`` runs the draft there. The
+            # draft input of such a token holds a placeholder hidden state.
+            self.hidden_by_req = torch.zeros(
+                (len(draft_runner.req_to_token_pool.req_to_token), fc.in_features),
+                dtype=fc.weight.dtype,
+                device=device,
+            )
+            self.pending_hidden = torch.zeros(
+                (max_bs, fc.out_features), dtype=fc.weight.dtype, device=device
+            )
             log_info_on_rank0(
                 logger,
                 "Load-aware speculation: plain steps, and prefills while they run, "
@@ -351,14 +377,11 @@ class DraftCatchUp:
 
     def _capture_kv_write_graphs(self, graph_bs: Sequence[int]) -> DraftKVWriteGraphs:
         draft_runner = self.draft_runner
-        model = draft_runner.model
         graphs = DraftKVWriteGraphs(
             self.write_kv,
             graph_bs,
-            # The target's aux hidden states, as the draft's fc takes them.
-            hidden_size=model.model.fc.in_features,
-            dtype=model.model.fc.weight.dtype,
-            device=draft_runner.device,
+            self.hidden_by_req,
+            overlap=draft_runner.server_args.tp_size == 1,
         )
         with (
             freeze_gc(draft_runner.server_args.enable_cudagraph_gc),
@@ -391,17 +414,25 @@ class DraftCatchUp:
         hidden_states: [bs, target hidden size (x aux layers for EAGLE-3)];
         next_token_ids: [bs]. Returns the draft's (topk_p, topk_index,
         hidden_states) at the new token; KV-only: the pending top-k and the
-        draft's hidden-state input there.
+        placeholder hidden state.
         """
         if not self.kv_only:
             return self._forward(batch, hidden_states, next_token_ids)
         bs = len(batch.seq_lens)
         with self.draft_context():
-            hidden_states = self._write_kv_only(
-                next_token_ids, batch.seq_lens, hidden_states, batch.out_cache_loc
+            self._write_kv_only(
+                next_token_ids,
+                batch.seq_lens,
+                hidden_states,
+                batch.req_pool_indices,
+                batch.out_cache_loc,
             )
         self.resume_pending = True
-        return self.pending_topk_p[:bs], self.pending_topk_index[:bs], hidden_states
+        return (
+            self.pending_topk_p[:bs],
+            self.pending_topk_index[:bs],
+            self.pending_hidden[:bs],
+        )
 
     def prefill(
         self,
@@ -421,18 +452,17 @@ class DraftCatchUp:
         # prompt tokens one ahead, then its tail token.
         input_ids = batch.input_ids.roll(-1)
         input_ids[last_rows] = _eagle_prefill_tail_tokens(batch, next_token_ids)
-        # Eagerly: the KV-write graphs' outputs share one memory pool, and the
-        # running batch's pending draft input may still be a plain step's output.
-        hidden_states = self.write_kv(
-            input_ids, positions, target_hidden_states, batch.out_cache_loc
-        )
+        # Eagerly, after the last KV-write replay (which reads hidden_by_req).
+        self.wait_for_kv_writes()
+        self.write_kv(input_ids, positions, target_hidden_states, batch.out_cache_loc)
+        self.hidden_by_req[batch.req_pool_indices] = target_hidden_states[last_rows]
         bs = len(batch.seq_lens)
         self.resume_pending = True
         self.num_prefills_kv_only += 1
         return EagleDraftInput(
             topk_p=self.pending_topk_p[:bs],
             topk_index=self.pending_topk_index[:bs],
-            hidden_states=hidden_states[last_rows],
+            hidden_states=self.pending_hidden[:bs],
             bonus_tokens=next_token_ids,
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,
@@ -443,14 +473,22 @@ class DraftCatchUp:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         hidden_states: torch.Tensor,
+        req_pool_indices: torch.Tensor,
         out_cache_loc: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> None:
+        self.wait_for_kv_writes()
+        self.hidden_by_req[req_pool_indices] = hidden_states
         graphs = self.kv_write_graphs
         if graphs is not None and graphs.can_run(len(input_ids)):
-            return graphs(input_ids, positions, hidden_states, out_cache_loc)
-        return self.write_kv(
-            input_ids, positions.to(torch.int64), hidden_states, out_cache_loc
-        )
+            graphs(input_ids, positions, req_pool_indices, out_cache_loc)
+        else:
+            self.write_kv(
+                input_ids, positions.to(torch.int64), hidden_states, out_cache_loc
+            )
+
+    def wait_for_kv_writes(self) -> None:
+        if self.kv_write_graphs is not None:
+            self.kv_write_graphs.wait()
 
     def resume(self, batch: ScheduleBatch) -> None:
         """Complete the draft input of a speculative step after KV-only plain steps.
@@ -463,6 +501,7 @@ class DraftCatchUp:
         if not self.resume_pending:
             return
         self.resume_pending = False
+        self.wait_for_kv_writes()
         draft_input: EagleDraftInput = batch.spec_info
         pending = draft_input.topk_p[:, 0] < 0  # [bs]
         catch_up_batch = copy.copy(batch)
@@ -475,7 +514,9 @@ class DraftCatchUp:
             batch.req_pool_indices, dtype=torch.int64
         )
         topk_p, topk_index, hidden_states = self._forward(
-            catch_up_batch, draft_input.hidden_states, draft_input.bonus_tokens
+            catch_up_batch,
+            self.hidden_by_req[batch.req_pool_indices],
+            draft_input.bonus_tokens,
         )
         rows = pending[:, None]
         draft_input.topk_p = torch.where(rows, topk_p, draft_input.topk_p)

@@ -66,7 +66,6 @@ DRAFT_HIDDEN = 4
 VOCAB = 32
 FIRST_TARGET_TOKEN = 40  # the target samples 40 + i for request i
 FIRST_DRAFT_TOKEN = 3  # the draft's top-1 for request i is 3 + i
-KV_ONLY_OFFSET = 0.5
 
 
 class FakeModelRunner:
@@ -160,12 +159,15 @@ class RecordingTargetWorker:
 
 
 class KVOnlyDraftModel:
-    """A one-layer EAGLE-3 head that writes its KV alone; returns the target
-    hidden state's first DRAFT_HIDDEN dims + KV_ONLY_OFFSET as its projection."""
+    """A one-layer EAGLE-3 head that writes its KV alone."""
 
     def __init__(self, events):
         self.calls = []
         self.events = events
+        # Only its shape and dtype are read: they size the draft input buffers.
+        self.model = SimpleNamespace(
+            fc=torch.nn.Linear(TARGET_HIDDEN, DRAFT_HIDDEN, bias=False)
+        )
 
     def can_write_kv_cache_only(self) -> bool:
         return True
@@ -184,7 +186,6 @@ class KVOnlyDraftModel:
             )
         )
         self.events.append("draft-kv")
-        return hidden_states[:, :DRAFT_HIDDEN] + KV_ONLY_OFFSET
 
 
 class DraftModelRunner(FakeModelRunner):
@@ -518,10 +519,13 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         self.assertEqual(call["hidden_states"][:, 0].tolist(), [1, 2, 3, 4])
         self.assertEqual(call["out_cache_loc"], slots)
         self.assertEqual(call["token_to_kv_pool"], "draft-kv-pool")
-        # The next draft input is pending: no top-k yet, the projected hidden.
+        # The next draft input is pending: no top-k yet, a placeholder hidden;
+        # the target hidden states are kept by request for the resume.
         nxt = result.next_draft_input
         self.assertTrue(bool((nxt.topk_p == -1).all()))
-        self.assertEqual(nxt.hidden_states[:, 0].tolist(), [1.5, 2.5, 3.5, 4.5])
+        self.assertEqual(tuple(nxt.hidden_states.shape), (BS, DRAFT_HIDDEN))
+        kept = plain.draft_catch_up.hidden_by_req[batch.req_pool_indices]
+        self.assertEqual(kept[:, 0].tolist(), [1, 2, 3, 4])
         self.assertTrue(plain.draft_catch_up.resume_pending)
 
     def test_resume_fills_only_the_pending_rows(self):
@@ -549,9 +553,8 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         self.assertEqual(call["input_ids"], [40, 41, 42, 43])
         self.assertEqual(call["positions"], seq_lens)
         self.assertEqual(call["out_cache_loc"], [0] * BS)
-        self.assertEqual(
-            call["spec_info"].hidden_states[:, 0].tolist(), [1.5, 2.5, 5.0, 4.5]
-        )
+        # The target hidden states the plain step kept by request.
+        self.assertEqual(call["spec_info"].hidden_states[:, 0].tolist(), [1, 2, 3, 4])
         done = batch.spec_info
         self.assertEqual(done.topk_index[:, 0].tolist(), [3, 4, 9, 6])
         self.assertEqual(done.topk_p[2].tolist(), [0.25] * TOPK)
@@ -609,10 +612,12 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         self.assertEqual(call["positions_dtype"], torch.int64)
         self.assertEqual(call["out_cache_loc"], slots)
         self.assertEqual(call["hidden_states"][:, 0].tolist(), [0, 1, 2, 3, 4])
-        # Each request's last position pending, with its projected hidden state.
+        # Each request's last position pending, its target hidden state kept.
         self.assertTrue(bool((draft_input.topk_p == -1).all()))
         self.assertEqual(tuple(draft_input.topk_index.shape), (2, TOPK))
-        self.assertEqual(draft_input.hidden_states[:, 0].tolist(), [2.5, 4.5])
+        self.assertEqual(tuple(draft_input.hidden_states.shape), (2, DRAFT_HIDDEN))
+        kept = plain.draft_catch_up.hidden_by_req[batch.req_pool_indices]
+        self.assertEqual(kept[:, 0].tolist(), [2, 4])
         self.assertIs(draft_input.bonus_tokens, output.next_token_ids)
         self.assertTrue(plain.draft_catch_up.resume_pending)
         self.assertEqual(plain.get_state(), {"draft_prefills_kv_only": 1})
