@@ -567,8 +567,6 @@ class LoadAwarePlainStep:
         self.draft_catch_up = DraftCatchUp(
             worker, graph_runner.capture_bs if graph_runner is not None else None
         )
-        max_bs = worker.req_to_token_pool.size
-        self.accept_lens = torch.ones(max_bs, dtype=torch.int32, device=worker.device)
         # Called after every verify step with its draft step count and the drafts
         # each request accepted.
         self.verify_listeners: List[Callable[[int, List[int]], None]] = []
@@ -632,7 +630,7 @@ class LoadAwarePlainStep:
 
         # 3. A verify step's result that accepted no draft.
         result.spec_plain_step = True
-        result.accept_lens = self.accept_lens[:bs]
+        result.accept_lens = self.draft_catch_up.num_accept_tokens[:bs]
         result.new_seq_lens = new_seq_lens
         result.speculative_num_draft_tokens = 1
         logits_output = result.logits_output
