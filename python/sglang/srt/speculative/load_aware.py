@@ -229,7 +229,8 @@ class DraftKVWriteGraphs:
     hidden states of its requests from ``hidden_by_req`` (rows by request pool
     index, filled by the caller). With ``overlap``, the replays run on a stream
     of their own, beside the next target forward: nothing that step returns
-    depends on them. ``wait`` orders the current stream after the last replay.
+    depends on them. ``wait`` orders the current stream after the last replay; the
+    caller calls it before it refills ``hidden_by_req`` or replays again.
     The graphs have a memory pool of their own, which no concurrent graph uses.
     """
 
@@ -250,7 +251,7 @@ class DraftKVWriteGraphs:
         self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=device)
         self.out_cache_loc = torch.zeros(max_bs, dtype=torch.int64, device=device)
         self.stream = torch.cuda.Stream(device) if overlap else None
-        self.replayed = torch.cuda.Event()
+        self.replayed = torch.cuda.Event() if overlap else None
         self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
 
     def capture(self, stream: torch.cuda.Stream) -> None:
@@ -278,7 +279,6 @@ class DraftKVWriteGraphs:
     ) -> None:
         bs = len(input_ids)
         graph_bs = self.capture_bs[bisect.bisect_left(self.capture_bs, bs)]
-        self.wait()
         self.input_ids[:bs].copy_(input_ids)
         self.positions[:bs].copy_(positions)
         self.req_pool_indices[:bs].copy_(req_pool_indices)
