@@ -4,11 +4,22 @@ steady, a batch decoding at once, a ramp of concurrencies) and what they count."
 from __future__ import annotations
 
 import asyncio
+import bisect
 import gc
 import math
 import random
 import time
-from typing import Awaitable, Dict, Iterable, Iterator, List, Tuple, TypeVar
+from typing import (
+    Awaitable,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Tuple,
+    TypeVar,
+)
 
 from sweep.client import RequestResult, client_session, one_request
 from sweep.stats import Run, quiet_share
@@ -156,15 +167,25 @@ def requests_in_flight(
     return busy / (end - start)
 
 
-async def decode_rate_loop(url: str, prompts: List[List[int]], output_len: int) -> Run:
+async def decode_rate_loop(
+    url: str,
+    prompts: List[List[int]],
+    output_len: int,
+    front_end_cpu_seconds: Optional[Callable[[], float]] = None,
+) -> Run:
     """len(prompts) requests at once, output_len tokens each: the output tokens they
     streamed between the moment the last of them streamed its first token (all
     prefilled, every one decoding) and the first one's last token (none finished),
     over that window. In it the server runs decode steps of exactly len(prompts)
     requests, with no prefill and no finish; tokens are counted from the chunks
-    each request streamed by either end."""
+    each request streamed by either end. With front_end_cpu_seconds, also the CPU
+    seconds the server's front end used in the window: at a large batch it handles
+    a chunk per request per step and can fall behind the decode steps."""
     timelines: List[List[Tuple[float, int]]] = [[] for _ in prompts]
+    cpu_samples: List[Tuple[float, float]] = []
     began, cpu_began = time.perf_counter(), time.process_time()
+    if front_end_cpu_seconds:
+        sampler = asyncio.create_task(sample_cpu(front_end_cpu_seconds, cpu_samples))
     async with client_session() as session:
         results = await asyncio.gather(
             *(
@@ -173,6 +194,9 @@ async def decode_rate_loop(url: str, prompts: List[List[int]], output_len: int) 
             )
         )
     wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+    if front_end_cpu_seconds:
+        sampler.cancel()
+        cpu_samples.append((time.perf_counter(), front_end_cpu_seconds()))
     start = max(timeline[0][0] for timeline in timelines)
     end = min(timeline[-1][0] for timeline in timelines)
     if end <= start:
@@ -184,7 +208,43 @@ async def decode_rate_loop(url: str, prompts: List[List[int]], output_len: int) 
         )
     tokens = sum(tokens_by(t, end) - tokens_by(t, start) for t in timelines)
     # The client's CPU share over the whole run, for the window.
-    return Run(results, tokens, end - start, cpu * (end - start) / wall)
+    return Run(
+        results,
+        tokens,
+        end - start,
+        cpu * (end - start) / wall,
+        front_end_cpu=(
+            value_at(cpu_samples, end) - value_at(cpu_samples, start)
+            if cpu_samples
+            else None
+        ),
+    )
+
+
+# How often decode_rate_loop reads the front end's CPU seconds.
+CPU_SAMPLE_SECONDS = 0.1
+
+
+async def sample_cpu(
+    cpu_seconds: Callable[[], float], samples: List[Tuple[float, float]]
+) -> None:
+    """Until cancelled, (time, cpu_seconds()) every CPU_SAMPLE_SECONDS."""
+    while True:
+        samples.append((time.perf_counter(), cpu_seconds()))
+        await asyncio.sleep(CPU_SAMPLE_SECONDS)
+
+
+def value_at(samples: List[Tuple[float, float]], moment: float) -> float:
+    """A sampled counter at moment, linear between the samples either side (the
+    first or last sample's value outside them)."""
+    times = [at for at, _ in samples]
+    i = bisect.bisect_right(times, moment)
+    if i == 0:
+        return samples[0][1]
+    if i == len(samples):
+        return samples[-1][1]
+    (t0, v0), (t1, v1) = samples[i - 1], samples[i]
+    return v0 + (v1 - v0) * (moment - t0) / (t1 - t0)
 
 
 def not_all_at_once(

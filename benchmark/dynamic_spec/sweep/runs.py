@@ -128,7 +128,11 @@ def run_decode_rate(
                     f"{args.decode_output_len} tokens do not fit in its KV cache "
                     f"({capacity} tokens); lower --decode-output-len"
                 )
-            section["points"].append(measure_decode_rate(args, config, prompts, batch))
+            section["points"].append(
+                measure_decode_rate(
+                    args, config, prompts, batch, launched.front_end_pid
+                )
+            )
             windows = logged_decode_windows(log_path, config)
             section["decode_tok_s"] = decode_throughput(windows)
             section["decode_windows"] = windows

@@ -44,6 +44,8 @@ class Run:
     in_flight: Optional[float] = None
     loop_lag_max: Optional[float] = None
     quiet_share: Optional[float] = None
+    # Decode-rate windows: the server front end's CPU seconds in the window.
+    front_end_cpu: Optional[float] = None
 
 
 def quiet_share(

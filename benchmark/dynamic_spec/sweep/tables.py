@@ -64,8 +64,10 @@ def results_markdown(records: List[dict], title: str) -> str:
             "\nDecode rate at a steady running batch (--decode-rate): output tok/s of"
             " B requests decoding at once, from the moment the last of them streamed"
             " its first token to the first finish (no prefill, no finish in between);"
-            " median of the repeats [min-max], the ratio to nospec's, and the decode"
-            " tok/s the server logged at that batch:\n\n",
+            " median of the repeats [min-max], the ratio to nospec's, the decode"
+            " tok/s the server logged at that batch, and the share of a core the"
+            " server's front end kept busy in the windows (near 100%, it sets the"
+            " pace):\n\n",
             rates,
         ]
     if swept:
@@ -297,6 +299,8 @@ def decode_rate_table(records: List[dict]) -> str:
                 cell += f", {by_batch[b]['output_tok_s'] / rate['nospec', b]:.3f}x"
             if b in logged:
                 cell += f" (log {logged[b]:.0f}{same_kv_tokens_note(section, nospec_windows, b)})"
+            if "front_end_cpu_share" in by_batch[b]:
+                cell += f", front end {by_batch[b]['front_end_cpu_share']:.0%}"
             cells.append(cell)
         lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -133,24 +133,42 @@ def busy_share(cpu_seconds: float, wall: float, whose: str, point: str) -> float
 
 
 def measure_decode_rate(
-    args: argparse.Namespace, config: Config, prompts: PromptSource, batch: int
+    args: argparse.Namespace,
+    config: Config,
+    prompts: PromptSource,
+    batch: int,
+    front_end_pid: int,
 ) -> dict:
     """The output tok/s of a running batch of `batch` decoding requests, args.repeats
-    times (median and spread), each time new prompts."""
+    times (median and spread), each time new prompts, with how busy the client and
+    the server's front end (over the runs' windows) kept a core."""
+    name = f"{config.name} batch {batch}"
     before = server_state(args.url)
     runs = [
         run_load(
-            decode_rate_loop(args.url, prompts.take(batch), args.decode_output_len)
+            decode_rate_loop(
+                args.url,
+                prompts.take(batch),
+                args.decode_output_len,
+                lambda: process_cpu_seconds(front_end_pid),
+            )
         )
         for _ in range(args.repeats)
     ]
+    windows = sum(run.wall for run in runs)
     return {
         "config": config.name,
         "batch": batch,
         **median_with_spread(run.tokens / run.wall for run in runs),
         "window_s": statistics.median(run.wall for run in runs),
         "spec_step_share": spec_step_share(config, before, server_state(args.url)),
-        "client_cpu_share": busy_client_share(runs, f"{config.name} batch {batch}"),
+        "client_cpu_share": busy_client_share(runs, name),
+        "front_end_cpu_share": busy_share(
+            sum(run.front_end_cpu for run in runs),
+            windows,
+            "the server's front end",
+            name,
+        ),
     }
 
 

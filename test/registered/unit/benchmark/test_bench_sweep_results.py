@@ -496,12 +496,45 @@ class TestBenchSweepResults(CustomTestCase):
             ):
                 asyncio.run(sweep.loops.decode_rate_loop("u", [[1]] * 4, 20))
 
+    def test_the_decode_rate_reads_the_front_ends_cpu_over_its_window(self):
+        one_request, _ = self.staggered_decode(stagger=0.01)
+        clock = [0.0]
+
+        async def timed_request(session, url, prompt, output_len, timeline):
+            await asyncio.sleep(0)  # the sampler reads the counter at fake time 0
+            result = await one_request(session, url, prompt, output_len, timeline)
+            clock[0] = max(clock[0], result.finished_at)
+            return result
+
+        fake_time = mock.Mock(perf_counter=lambda: clock[0], process_time=lambda: 0.0)
+        with mock.patch.multiple(
+            sweep.loops, one_request=timed_request, time=fake_time
+        ):
+            # The front end used 0.5 s of CPU per second: 0.485 s in [0.03, 1.0].
+            run = asyncio.run(
+                sweep.loops.decode_rate_loop("u", [[1]] * 4, 21, lambda: 0.5 * clock[0])
+            )
+        self.assertAlmostEqual(run.wall, 0.97)
+        self.assertAlmostEqual(run.front_end_cpu, 0.485)
+        with mock.patch.object(sweep.loops, "one_request", one_request):
+            run = asyncio.run(sweep.loops.decode_rate_loop("u", [[1]] * 4, 21))
+        self.assertIsNone(run.front_end_cpu)
+
+    def test_a_sampled_counter_is_read_between_its_samples(self):
+        samples = [(1.0, 10.0), (2.0, 20.0), (4.0, 22.0)]
+        self.assertEqual(sweep.loops.value_at(samples, 0.5), 10.0)
+        self.assertEqual(sweep.loops.value_at(samples, 1.5), 15.0)
+        self.assertEqual(sweep.loops.value_at(samples, 3.0), 21.0)
+        self.assertEqual(sweep.loops.value_at(samples, 9.0), 22.0)
+
     def test_a_decode_rate_repeats_with_new_prompts(self):
         loops = []
 
-        async def decode_rate_loop(url, prompts, output_len):
+        async def decode_rate_loop(url, prompts, output_len, front_end_cpu_seconds):
             loops.append((tuple(map(tuple, prompts)), output_len))
-            return sweep.stats.Run([], 100.0 * len(loops), 1.0, 0.5)
+            return sweep.stats.Run(
+                [], 100.0 * len(loops), 1.0, 0.5, front_end_cpu=front_end_cpu_seconds()
+            )
 
         args = argparse.Namespace(url="u", repeats=3, decode_output_len=64)
         config = sweep.configs.KNOWN_CONFIGS["plain-topk1"]
@@ -510,9 +543,10 @@ class TestBenchSweepResults(CustomTestCase):
             sweep.workloads,
             decode_rate_loop=decode_rate_loop,
             server_state=lambda u: state,
+            process_cpu_seconds={7: 0.25}.get,
         ):
             point = sweep.workloads.measure_decode_rate(
-                args, config, sweep.client.PromptSource(4), 8
+                args, config, sweep.client.PromptSource(4), 8, front_end_pid=7
             )
         self.assertEqual(
             point,
@@ -525,6 +559,7 @@ class TestBenchSweepResults(CustomTestCase):
                 "window_s": 1.0,
                 "spec_step_share": 0.0,
                 "client_cpu_share": 0.5,
+                "front_end_cpu_share": 0.25,
             },
         )
         self.assertEqual({len(prompts) for prompts, _ in loops}, {8})
@@ -569,7 +604,8 @@ class TestBenchSweepResults(CustomTestCase):
                 {"server_args": ["--x"], "env": {}, "code": {"sglang": "fork"}}, 7
             )
 
-        def measure_decode_rate(args, config, prompts, batch):
+        def measure_decode_rate(args, config, prompts, batch, front_end_pid):
+            self.assertEqual(front_end_pid, 7)
             return {"config": config.name, "batch": batch, "output_tok_s": 1.0}
 
         args = argparse.Namespace(
