@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -140,14 +141,15 @@ def run_bench_serving(
     args: argparse.Namespace,
     config: Config,
     target: str,
-    concurrency: int,
+    point: dict,
     log_dir: str,
 ) -> dict:
     """--bench-serving: upstream's bench_serving at a point's concurrency against
-    the config's server, as many prompts as one of the point's closed loops,
-    --repeats times; its output tok/s (median, spread), TTFT and TPOT, from its
-    --output-file. Its output goes to the log directory."""
-    num = point_requests(args, concurrency)
+    the config's server, bench_serving_prompts of them, --repeats times; its output
+    tok/s (median, spread), TTFT and TPOT, from its --output-file. Its output goes
+    to the log directory."""
+    concurrency = point["concurrency"]
+    num = bench_serving_prompts(args, point)
     output_file = fresh_output_file(
         log_dir, f"{config.name}-bench-serving-c{concurrency}"
     )
@@ -157,6 +159,17 @@ def run_bench_serving(
     for _ in range(args.repeats):
         run_once(command, log_dir, config, f"C={concurrency}")
     return {**bench_serving_result(output_file, num), "command": command}
+
+
+def bench_serving_prompts(args: argparse.Namespace, point: dict) -> int:
+    """As many prompts as one of the point's closed loops, and at least as many as
+    the point's measured rate finishes in --min-point-seconds: a run of a few
+    seconds moves by several percent with one slow first request."""
+    requests_per_second = point["output_tok_s"] / args.output_len
+    return max(
+        point_requests(args, point["concurrency"]),
+        math.ceil(requests_per_second * args.min_point_seconds),
+    )
 
 
 def run_content_shift_bench_serving(

@@ -262,9 +262,10 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
         "upstream's bench_serving at its C against "
         f"the same server (python -m {BENCH_SERVING_MODULE}: random-ids prompts of "
         "--input-len token ids, --output-len tokens (with --output-len-spread, both "
-        "spread by S), as many prompts as one of the "
-        "point's closed loops, --repeats times) and record its output tok/s beside "
-        "ours; with --content-shift, also run it on that shift",
+        "spread by S), as many prompts as one of the point's closed loops or as the "
+        "point's rate finishes in --min-point-seconds, whichever is more, --repeats "
+        "times) and record its output tok/s beside ours; with --content-shift, also "
+        "run it on that shift",
     )
     parser.add_argument(
         "--decode-rate",

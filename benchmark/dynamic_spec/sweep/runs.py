@@ -83,7 +83,7 @@ def run_config(
             save_with_decode_throughput(record)
             if bench_serving_at(args, concurrency):
                 point["bench_serving"] = run_bench_serving(
-                    args, config, target, concurrency, log_dir
+                    args, config, target, point, log_dir
                 )
                 save_with_decode_throughput(record)
         record["ramp"] = run_ramp(args, config, prompts)

@@ -1318,7 +1318,16 @@ class TestBenchSweepResults(CustomTestCase):
             requests_per_concurrency=2,
             repeats=1,
             output_len_spread=0.0,
+            min_point_seconds=2.0,
         )
+
+    def test_bench_serving_runs_for_about_a_points_time(self):
+        args = self.bench_serving_args()  # 8 output tokens, at least 2 s
+        prompts = sweep.bench_serving.bench_serving_prompts
+        # One closed loop of C=2 (4 requests) takes longer than 2 s at 8 tok/s.
+        self.assertEqual(prompts(args, {"concurrency": 2, "output_tok_s": 8.0}), 4)
+        # At 100 tok/s, 12.5 requests finish per second.
+        self.assertEqual(prompts(args, {"concurrency": 2, "output_tok_s": 100.0}), 25)
 
     def random_ids_command(self, args: argparse.Namespace) -> List[str]:
         return sweep.bench_serving.bench_serving_command(
@@ -1515,8 +1524,14 @@ class TestBenchSweepResults(CustomTestCase):
 
             async def load(url):
                 args = self.bench_serving_args(url)
+                point = {"concurrency": 2, "output_tok_s": 8.0}
                 return await asyncio.to_thread(
-                    sweep.bench_serving.run_bench_serving, args, config, target, 2, root
+                    sweep.bench_serving.run_bench_serving,
+                    args,
+                    config,
+                    target,
+                    point,
+                    root,
                 )
 
             result = self.against_server(None, load, routes)
@@ -1711,9 +1726,9 @@ class TestBenchSweepResults(CustomTestCase):
     def test_a_point_runs_bench_serving_when_asked(self):
         calls, saved = [], []
 
-        def run_bench_serving(args, config, target, concurrency, log_dir):
+        def run_bench_serving(args, config, target, point, log_dir):
             saved_points = [p["concurrency"] for p in saved[-1]["points"]]
-            calls.append((config.name, target, concurrency, saved_points))
+            calls.append((config.name, target, point["concurrency"], saved_points))
             return {"output_tok_s": 1.0}
 
         args = self.run_config_args(
