@@ -21,7 +21,9 @@ throughput_policy.ThroughputSpecPolicy on a single GPU, its step timer included:
 times and acceptance learned only from the steps it runs, a step timed only after
 three launches of one mode in one batch bucket with no prefill between them; before a
 step a prefill runs at the rate the trace's decisions show for its bucket, where the
-running batch grew).
+running batch grew). ``auto:profiled`` is ``auto`` with every mode timed at every batch
+bucket before its first step, at what the simulator charges there: the most a profile
+of the step costs taken at startup could give it.
 
     python benchmark/dynamic_spec/policy_sim.py --trace run.jsonl \\
         --policies nospec,always,threshold:32,threshold:64,auto
@@ -70,6 +72,11 @@ class Environment:
     step_times: Dict[Tuple[int, int], Tuple[List[float], List[float]]] = field(
         default_factory=dict
     )
+
+    def charged_costs(self) -> StepCosts:
+        """The cost table as the simulator charges a step: a batch costs what the
+        smallest bucket of the table >= its size costs."""
+        return StepCosts({m: dict(by_bs) for m, by_bs in self.costs.items()})
 
     @property
     def speculative_steps(self) -> List[int]:
@@ -409,7 +416,7 @@ class _Auto:
     launch is recorded as the scheduler records it, a forward number apart (two
     where a prefill ran before it), at the time the steps before it took."""
 
-    def __init__(self, env: Environment):
+    def __init__(self, env: Environment, profiled: bool = False):
         steps = env.speculative_steps
         self.policy = ThroughputSpecPolicy(
             speculative_steps=steps,
@@ -424,6 +431,15 @@ class _Auto:
         self._clock = 0.0
         self._forward_iter = 0
         self._prefill_credit: Dict[int, float] = {}
+        if profiled:
+            self._time_every_bucket(env)
+
+    def _time_every_bucket(self, env: Environment) -> None:
+        charged = env.charged_costs()
+        costs = self.policy.policy.costs
+        for mode in costs.modes:
+            for batch_size in costs.batch_sizes:
+                costs.observe(mode, batch_size, charged.estimate(mode, batch_size))
 
     def decide(self, batch_size: int) -> int:
         self.batch.size = batch_size
@@ -462,8 +478,8 @@ def make_policy(spec: str, env: Environment) -> SimPolicy:
         return _Fixed(int(arg) if arg else longest)
     if name == "threshold":
         return _Threshold(int(arg), longest)
-    if name == "auto":
-        return _Auto(env)
+    if name == "auto" and arg in ("", "profiled"):
+        return _Auto(env, profiled=arg == "profiled")
     raise ValueError(f"unknown policy {spec!r}")
 
 
@@ -495,7 +511,7 @@ def simulate(
     recorded then, scaled from its bucket to its batch as the table would."""
     tokens = seconds = 0.0
     spec_steps = num_steps = 0
-    step_costs = StepCosts({m: dict(by_bs) for m, by_bs in env.costs.items()})
+    step_costs = env.charged_costs()
     largest = step_costs.batch_sizes[-1]
     if any(bs > largest for bs, _ in phases):
         # As in a server, whose running batch never outgrows its policy's buckets.

@@ -305,6 +305,16 @@ class TestSimulate(CustomTestCase):
         self.assertIsNotNone(costs["0"][64])
         self.assertLess(at_128["spec_step_share"], 0.05)  # one calibration
 
+    def test_a_profiled_auto_starts_with_every_bucket_timed(self):
+        env = sim.Environment(COSTS, sim.parse_acceptance("0.8"))
+        auto = sim.make_policy("auto:profiled", env)
+        costs = auto.policy.get_state()["step_costs_seconds"]
+        self.assertEqual(costs["3"][64], COSTS[3][64])
+        # Between the table's buckets, what the simulator charges a batch of 2.
+        self.assertEqual(costs["0"][2], COSTS[0][8])
+        sim.simulate(auto, env, [(bs, 2.0) for bs in (1, 8, 64, 256)])
+        self.assertEqual(auto.policy.get_state()["num_calibrations"], 0)
+
     def test_auto_follows_a_content_shift_no_threshold_can(self):
         env = sim.Environment(COSTS, sim.parse_acceptance("0.95x10,0.4x10"))
         results = {
