@@ -59,6 +59,12 @@ logger = logging.getLogger(__name__)
 # --speculative-disable-batch-threshold auto (throughput_policy.py)
 AUTO = "auto"
 
+
+def parse_disable_batch_threshold(value: str) -> Union[int, str]:
+    """--speculative-disable-batch-threshold: an integer, or ``auto``."""
+    return value if value == AUTO else int(value)
+
+
 DEFAULT_MIN_DWELL_STEPS = 8
 
 # The decision reasons, a metric label; auto adds its own.
@@ -251,8 +257,8 @@ def decode_kv_reserve(batch: ScheduleBatch) -> int:
     ``get_alloc_len_per_decode()`` of them, a plain step one. A speculative step
     reserves upstream's double buffer; a plain step that lag plus its own token.
     """
-    # Imported here: server_args imports this module (through throughput_policy),
-    # and allocation_sizing imports server_args.
+    # Imported here: server_args imports this module, and allocation_sizing imports
+    # server_args.
     from sglang.srt.mem_cache.allocation_sizing import (
         get_alloc_len_per_decode,
         get_alloc_reserve_per_decode,

@@ -17,24 +17,10 @@ a dwell so that a batch at the crossover does not flip every step.
   (an EMA per step count); step counts not observed yet, or not for a while, are
   predicted from the per-token acceptance of a chain fitted to the freshest one
   (``E = 1 + p + ... + p^s``).
-* ``ThroughputPolicy``: the decision. A mode not timed yet at a bucket is run for a
-  few steps (calibration, long enough for a median of several timed steps);
-  ``probe_interval`` steps after the last probe or calibration, the other mode runs
-  for ``explore_steps`` (a probe), so that neither its time nor, while plain, the
-  acceptance goes stale. Probes that refresh the acceptance are spaced in proportion
-  to what a probe step loses against a plain one (down to ``min_probe_interval``
-  steps), so that they lose at most ``explore_steps / probe_interval`` of the output
-  (1.6% by default) and traffic that turns easier is caught soonest where
-  speculation is closest to paying. Where a probe can refresh only a step time
-  (while speculating, or plain at a batch where speculation would not pay even at
-  the best acceptance seen so far, once the estimate has settled), the interval
-  doubles at each probe, up to ``max_probe_backoff`` times itself (0.8% by
-  default), and is spaced by time (it counts steps' worth of the probed mode's
-  step: at a large batch a speculative step can take several plain ones) and by
-  the lead (times how many times faster the probed mode's step would have to
-  become to come within the margin: a time that must drift further before it
-  matters is refreshed less often). The dwell holds a new mode only while the
-  batch stays in the bucket it was chosen at.
+* ``ThroughputPolicy``: the decision, with a margin and a dwell; a mode not timed
+  at a bucket, where it could win, runs there for a few steps (calibration), and
+  now and then the other mode runs for a few (a probe), so that neither its time
+  nor, while plain, the acceptance goes stale (the class says when).
 * ``ThroughputSpecPolicy``: the scheduler's policy object: times steps from the
   launches of the running batch (``DecodeStepTimer``) and folds what the steps
   observed into the policy, summed over TP ranks (``PendingObservations``), so that
@@ -69,7 +55,6 @@ from typing import (
 
 from sglang.srt.environ import envs
 from sglang.srt.speculative.spec_policy import (
-    AUTO,
     REASON_DWELL,
     log_toggle,
     mark_plain_step,
@@ -550,7 +535,7 @@ class ThroughputPolicy:
                 return self._start_exploring(
                     other, REASON_CALIBRATE, self.calibrate_steps, bucket
                 )
-        # Most decisions end here.
+        # No probe comes sooner than min_probe_interval steps after the last.
         if self._steps_since_explore + 1 < self.min_probe_interval:
             return None
         others = [m for m in self.modes if m != mode]
@@ -883,11 +868,6 @@ class StepTrace:
 
     def _write(self, record: Dict[str, Union[int, float, str]]) -> None:
         self._file.write(json.dumps(record) + "\n")
-
-
-def parse_disable_batch_threshold(value: str) -> Union[int, str]:
-    """--speculative-disable-batch-threshold: an integer, or ``auto``."""
-    return value if value == AUTO else int(value)
 
 
 # Decode steps between two sums of the step times over TP ranks (one CPU

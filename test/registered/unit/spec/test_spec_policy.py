@@ -27,6 +27,7 @@ from sglang.srt.speculative.spec_policy import (
     SpecPolicy,
     decode_kv_reserve,
     default_enable_batch_threshold,
+    parse_disable_batch_threshold,
     speculative_capture_bs,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -132,6 +133,12 @@ class TestSpecPolicyThresholds(CustomTestCase):
             m = default_enable_batch_threshold(n)
             self.assertTrue(1 <= m < n, n)
             self.assertEqual(SpecPolicy(n).enable_batch_threshold, m)
+
+    def test_flag_values(self):
+        self.assertEqual(parse_disable_batch_threshold("auto"), "auto")
+        self.assertEqual(parse_disable_batch_threshold("16"), 16)
+        with self.assertRaises(ValueError):
+            parse_disable_batch_threshold("many")
 
 
 class TestSpecPolicyDwell(CustomTestCase):

@@ -23,7 +23,6 @@ from sglang.srt.speculative.throughput_policy import (
     StepCosts,
     ThroughputPolicy,
     ThroughputSpecPolicy,
-    parse_disable_batch_threshold,
     power_of_two_buckets,
     chain_accept_length,
     fit_chain_acceptance,
@@ -918,11 +917,7 @@ class TestThroughputSpecPolicy(CustomTestCase):
                 pending.fold_into(p, reduce)
                 self.assertEqual(p.get_state()["probe_interval"], 16)
 
-    def test_flag_values_and_buckets(self):
-        self.assertEqual(parse_disable_batch_threshold("auto"), "auto")
-        self.assertEqual(parse_disable_batch_threshold("16"), 16)
-        with self.assertRaises(ValueError):
-            parse_disable_batch_threshold("many")
+    def test_buckets(self):
         self.assertEqual(power_of_two_buckets(48), [1, 2, 4, 8, 16, 32, 64])
         self.assertEqual(power_of_two_buckets(1), [1])
 
