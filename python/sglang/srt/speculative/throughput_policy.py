@@ -234,7 +234,7 @@ class AcceptanceEstimate:
 
     def __init__(
         self,
-        step_counts: Sequence[int],
+        draft_step_counts: Sequence[int],
         prior_accept_length: Dict[int, float],
         ema_alpha: float = 0.1,
         stale_after: int = 256,
@@ -244,7 +244,7 @@ class AcceptanceEstimate:
         the first observation of any step count replaces it for all of them."""
         if not prior_accept_length:
             raise ValueError("the acceptance estimate needs a prior")
-        self.step_counts = sorted(step_counts)
+        self.draft_step_counts = sorted(draft_step_counts)
         self.ema_alpha = ema_alpha
         self._mean_span = int(1 / ema_alpha)
         self.stale_after = stale_after
@@ -300,7 +300,7 @@ class AcceptanceEstimate:
         if self._is_fresh(num_steps):
             return self._observed[num_steps]
         if num_steps not in self._predicted:
-            self._predicted = self._predictions([*self.step_counts, num_steps])
+            self._predicted = self._predictions([*self.draft_step_counts, num_steps])
         return self._predicted[num_steps]
 
     def _predictions(self, step_counts: Sequence[int]) -> Dict[int, float]:
@@ -340,7 +340,7 @@ class AcceptanceEstimate:
         return max(self.expected(num_steps), self._best.get(num_steps, 1.0))
 
     def state(self) -> Dict[str, float]:
-        return {str(s): round(self.expected(s), 4) for s in self.step_counts}
+        return {str(s): round(self.expected(s), 4) for s in self.draft_step_counts}
 
 
 class ThroughputDecision(NamedTuple):
@@ -393,7 +393,7 @@ class ThroughputPolicy:
     ):
         if PLAIN not in costs.modes:
             raise ValueError("the step costs need the plain step (mode 0)")
-        missing = set(acceptance.step_counts) - set(costs.modes)
+        missing = set(acceptance.draft_step_counts) - set(costs.modes)
         if missing:
             raise ValueError(f"no step costs for draft step counts {sorted(missing)}")
         if margin < 0 or min_dwell_steps < 0:
@@ -414,7 +414,7 @@ class ThroughputPolicy:
         self.calibrate_steps = calibrate_steps
         self.max_probe_interval = probe_interval * max_probe_backoff
         self.min_probe_interval = min(min_probe_interval, probe_interval)
-        self.modes = [PLAIN] + [s for s in acceptance.step_counts if s != PLAIN]
+        self.modes = [PLAIN] + [s for s in acceptance.draft_step_counts if s != PLAIN]
 
         # The mode the policy is in (exploration does not change it), how many steps
         # it has lasted, and what the last step ran.
@@ -442,6 +442,7 @@ class ThroughputPolicy:
         self.num_toggles = 0
         self.num_probes = 0
         self.num_calibrations = 0
+        # Decode steps by (mode, reason).
         self.step_counts: Dict[Tuple[int, str], int] = {}
 
     def throughput(
