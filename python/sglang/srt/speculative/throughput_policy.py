@@ -760,6 +760,8 @@ class DecodeStepTimer:
         if not contiguous:
             return None
         seconds = self._launches[-1][1] - self._launches[-2][1]
+        # The size of the step timed under overlap (without it, the second launch's
+        # step is timed; the three share a bucket).
         return StepSample(num_steps, first[4], seconds)
 
 
