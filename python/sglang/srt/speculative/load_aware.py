@@ -661,11 +661,18 @@ class LoadAwarePlainStep:
 
     def draft_prefill(
         self, batch: ScheduleBatch, batch_output: GenerationBatchResult
-    ) -> EagleDraftInput:
-        """The draft prefill where ``prefills_kv_only`` (DraftCatchUp.prefill)."""
-        return self.draft_catch_up.prefill(
-            batch, batch_output.logits_output.hidden_states, batch_output.next_token_ids
-        )
+    ) -> Optional[EagleDraftInput]:
+        """The draft prefill where ``prefills_kv_only`` (DraftCatchUp.prefill); else
+        None, for upstream's draft extend to run, which reads and writes the draft
+        KV: ordered after the last KV-write replay."""
+        if self.prefills_kv_only(batch, batch_output):
+            return self.draft_catch_up.prefill(
+                batch,
+                batch_output.logits_output.hidden_states,
+                batch_output.next_token_ids,
+            )
+        self.draft_catch_up.wait_for_kv_writes()
+        return None
 
     def _hand_over_read_done_event(self) -> None:
         """The scheduler's WAR barrier waits on the read-done event of the worker's

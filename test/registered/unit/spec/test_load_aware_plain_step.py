@@ -646,6 +646,24 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         output.logits_output.mm_input_embeds = torch.zeros(5, DRAFT_HIDDEN)
         self.assertFalse(plain.prefills_kv_only(prefill, output))
 
+    def test_a_multimodal_prefill_runs_the_draft_extend_after_the_kv_writes(self):
+        plain, *_ = self.step()
+        draft_calls = len(self.draft_model.calls)
+        order = []
+        # Upstream's draft extend reads and writes the draft KV that the last plain
+        # step's KV-write replay (on a stream of its own on GPUs) may still write.
+        plain.draft_catch_up.kv_write_graphs = SimpleNamespace(
+            wait=lambda: order.append("wait")
+        )
+        batch, output = self.prefill([3, 2])
+        output.logits_output.mm_input_embeds = torch.zeros(5, DRAFT_HIDDEN)
+
+        self.assertIsNone(plain.draft_prefill(batch, output))
+
+        self.assertEqual(order, ["wait"])
+        self.assertEqual(len(self.draft_model.calls), draft_calls)
+        self.assertEqual(self.draft_runner.forward_batches, [])
+
     def test_full_draft_catch_up_on_request(self):
         with envs.SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP.override(True):
             plain = self.plain_step()
