@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import statistics
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from sweep.configs import KNOWN_CONFIGS
@@ -111,14 +112,29 @@ def pooled_record(group: List[dict]) -> dict:
 
 
 def pooled_rates(measured: List[dict]) -> dict:
-    """A point (or ramp) measured in several servers: the first's fields, with
-    output tok/s the median over the servers and their min and max, and so for
-    bench_serving's where every server ran it."""
+    """A point (or phased load) measured in several servers: the first's fields,
+    with output tok/s the median over the servers and their min and max, each
+    phase's the median over the servers, and so for bench_serving's where every
+    server ran it (else none: one server's beside the others' median would read as
+    a ratio of the two)."""
+    first = {k: v for k, v in measured[0].items() if k != "bench_serving"}
     pooled = {
-        **measured[0],
+        **first,
         **median_with_spread(m["output_tok_s"] for m in measured),
         "servers_output_tok_s": [m["output_tok_s"] for m in measured],
     }
+    if all("phases" in m for m in measured):
+        pooled["phases"] = [
+            {
+                **phase,
+                "output_tok_s": statistics.median(
+                    p["output_tok_s"] for p in server_phases
+                ),
+            }
+            for phase, *server_phases in zip(
+                first["phases"], *(m["phases"] for m in measured)
+            )
+        ]
     if all("bench_serving" in m for m in measured):
         pooled["bench_serving"] = pooled_rates([m["bench_serving"] for m in measured])
     return pooled

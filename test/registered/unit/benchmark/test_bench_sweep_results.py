@@ -2027,6 +2027,11 @@ class TestBenchSweepResults(CustomTestCase):
             for server, speed in enumerate((100.0, 130.0, 110.0)):
                 record = {**self.record("nospec", speed), "server": server}
                 record["points"][1]["bench_serving"] = {"output_tok_s": speed * 7}
+                if server == 0:  # the others' were cut off
+                    record["points"][0]["bench_serving"] = {"output_tok_s": speed}
+                record["ramp"]["phases"] = [
+                    {"concurrency": c, "output_tok_s": speed * c} for c in (1, 8)
+                ]
                 records = self.merge(out_dir, record)
             self.assertEqual(len(records), 3)  # one per server in raw.json
             unfinished = {**self.record("nospec", 500.0), "server": 1}
@@ -2047,6 +2052,9 @@ class TestBenchSweepResults(CustomTestCase):
             )
             self.assertNotIn("bench_serving", pooled["points"][0])
             self.assertEqual(pooled["ramp"]["output_tok_s"], 440.0)
+            self.assertEqual(
+                [p["output_tok_s"] for p in pooled["ramp"]["phases"]], [110.0, 880.0]
+            )
             sweep.results.write_results(out_dir, records)
             summary = json.loads(Path(out_dir, "summary.json").read_text())
             self.assertEqual(
