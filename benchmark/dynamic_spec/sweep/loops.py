@@ -195,8 +195,12 @@ async def decode_rate_loop(
         )
     wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
     if front_end_cpu_seconds:
-        sampler.cancel()
-        cpu_samples.append((time.perf_counter(), front_end_cpu_seconds()))
+        if sampler.done():  # it raised: its samples may not cover the window
+            print(f"front end CPU not read: {sampler.exception()!r}", flush=True)
+            cpu_samples.clear()
+        else:
+            sampler.cancel()
+            cpu_samples.append((time.perf_counter(), front_end_cpu_seconds()))
     start = max(timeline[0][0] for timeline in timelines)
     end = min(timeline[-1][0] for timeline in timelines)
     if end <= start:

@@ -516,6 +516,17 @@ class TestBenchSweepResults(CustomTestCase):
             )
         self.assertAlmostEqual(run.wall, 0.97)
         self.assertAlmostEqual(run.front_end_cpu, 0.485)
+
+        def unreadable():
+            raise ProcessLookupError("front end gone")
+
+        with mock.patch.multiple(
+            sweep.loops, one_request=timed_request, time=fake_time
+        ), contextlib.redirect_stdout(io.StringIO()):
+            run = asyncio.run(
+                sweep.loops.decode_rate_loop("u", [[1]] * 4, 21, unreadable)
+            )
+        self.assertIsNone(run.front_end_cpu)  # no reading rather than 0
         with mock.patch.object(sweep.loops, "one_request", one_request):
             run = asyncio.run(sweep.loops.decode_rate_loop("u", [[1]] * 4, 21))
         self.assertIsNone(run.front_end_cpu)
