@@ -149,7 +149,9 @@ def run_bench_serving(
     tok/s (median, spread), TTFT and TPOT, from its --output-file. Its output goes
     to the log directory."""
     concurrency = point["concurrency"]
-    num = bench_serving_prompts(args, point)
+    num = bench_serving_prompts(
+        args, concurrency, point["output_tok_s"], args.min_point_seconds
+    )
     output_file = fresh_output_file(
         log_dir, f"{config.name}-bench-serving-c{concurrency}"
     )
@@ -161,31 +163,42 @@ def run_bench_serving(
     return {**bench_serving_result(output_file, num), "command": command}
 
 
-def bench_serving_prompts(args: argparse.Namespace, point: dict) -> int:
-    """As many prompts as one of the point's closed loops, and at least as many as
-    the point's measured rate finishes in --min-point-seconds: a run of a few
-    seconds moves by several percent with one slow first request."""
-    requests_per_second = point["output_tok_s"] / args.output_len
+def bench_serving_prompts(
+    args: argparse.Namespace, concurrency: int, output_tok_s: float, seconds: float
+) -> int:
+    """As many prompts as one closed loop at this concurrency, and at least as many
+    as our measured rate there finishes in as many seconds as ours ran: a run of a
+    few seconds moves by several percent with one slow first request."""
+    requests_per_second = output_tok_s / args.output_len
     return max(
-        point_requests(args, point["concurrency"]),
-        math.ceil(requests_per_second * args.min_point_seconds),
+        point_requests(args, concurrency),
+        math.ceil(requests_per_second * seconds),
     )
 
 
 def run_content_shift_bench_serving(
-    args: argparse.Namespace, config: Config, target: str, log_dir: str
+    args: argparse.Namespace, config: Config, target: str, log_dir: str, shift: dict
 ) -> dict:
     """--bench-serving with --content-shift C: upstream's bench_serving at C on easy
-    prompts, then at once on hard ones (as many of each as one of our closed loops
-    at C has), --repeats times: the median total output tok/s (both phases'
-    tokens over both phases' durations) with its spread, and each phase's median."""
+    prompts, then at once on hard ones (each phase as long as ours, ``shift``, at
+    its rate: bench_serving_prompts), --repeats times: the median total output
+    tok/s (both phases' tokens over both phases' durations) with its spread, and
+    each phase's median."""
     concurrency = args.content_shift
-    num = point_requests(args, concurrency)
-    phases = content_shift_phases(args, config, target, num, log_dir)
+    nums = [
+        bench_serving_prompts(
+            args, concurrency, phase["output_tok_s"], args.ramp_phase_seconds
+        )
+        for phase in shift["phases"]
+    ]
+    phases = content_shift_phases(args, config, target, nums, log_dir)
     for _ in range(args.repeats):
         for name, command, _ in phases:
             run_once(command, log_dir, config, f"content shift, {name} prompts")
-    runs = [bench_serving_runs(output_file, num) for _, _, output_file in phases]
+    runs = [
+        bench_serving_runs(output_file, num)
+        for (_, _, output_file), num in zip(phases, nums)
+    ]
     totals = [
         sum(run["total_output_tokens"] for run in repeat)
         / sum(run["duration"] for run in repeat)
@@ -208,15 +221,23 @@ def run_content_shift_bench_serving(
 
 
 def content_shift_phases(
-    args: argparse.Namespace, config: Config, target: str, num: int, log_dir: str
+    args: argparse.Namespace,
+    config: Config,
+    target: str,
+    nums: List[int],
+    log_dir: str,
 ) -> List[Tuple[str, List[str], str]]:
     """Per phase of the content shift: its name, the bench_serving command at C on
-    a file of `num` prompts of its region of the pair, and its output file."""
+    a file of its number of prompts (``nums``) of its region of the pair, and its
+    output file."""
     spec = load_spec(os.path.dirname(target))
     phases = []
-    for region, name in enumerate(CONTENT_SHIFT_PHASES):
+    for region, (name, num) in enumerate(zip(CONTENT_SHIFT_PHASES, nums)):
         rng = random.Random(region)
-        prompts_file = os.path.join(log_dir, f"content-shift-{name}-prompts.jsonl")
+        # One per config: configs measured by other invocations share log_dir.
+        prompts_file = os.path.join(
+            log_dir, f"{config.name}-content-shift-{name}-prompts.jsonl"
+        )
         write_prompts_file(
             [region_prompt(spec, region, args.input_len, rng) for _ in range(num)],
             prompts_file,

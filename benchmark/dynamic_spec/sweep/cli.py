@@ -265,7 +265,7 @@ def parse_args(description: Optional[str]) -> argparse.Namespace:
         "spread by S), as many prompts as one of the point's closed loops or as the "
         "point's rate finishes in --min-point-seconds, whichever is more, --repeats "
         "times) and record its output tok/s beside ours; with --content-shift, also "
-        "run it on that shift",
+        "run it on that shift (each phase as long as ours at its rate)",
     )
     parser.add_argument(
         "--decode-rate",

@@ -92,8 +92,9 @@ def run_config(
             record["content_shift"] = run_content_shift(args, config, target)
             save_with_decode_throughput(record)
             if bench_serving_enabled(args):
-                record["content_shift"]["bench_serving"] = (
-                    run_content_shift_bench_serving(args, config, target, log_dir)
+                shift = record["content_shift"]
+                shift["bench_serving"] = run_content_shift_bench_serving(
+                    args, config, target, log_dir, shift
                 )
                 save_with_decode_throughput(record)
 

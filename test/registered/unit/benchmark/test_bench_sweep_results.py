@@ -1333,12 +1333,12 @@ class TestBenchSweepResults(CustomTestCase):
         )
 
     def test_bench_serving_runs_for_about_a_points_time(self):
-        args = self.bench_serving_args()  # 8 output tokens, at least 2 s
+        args = self.bench_serving_args()  # 8 output tokens
         prompts = sweep.bench_serving.bench_serving_prompts
         # One closed loop of C=2 (4 requests) takes longer than 2 s at 8 tok/s.
-        self.assertEqual(prompts(args, {"concurrency": 2, "output_tok_s": 8.0}), 4)
+        self.assertEqual(prompts(args, 2, 8.0, 2.0), 4)
         # At 100 tok/s, 12.5 requests finish per second.
-        self.assertEqual(prompts(args, {"concurrency": 2, "output_tok_s": 100.0}), 25)
+        self.assertEqual(prompts(args, 2, 100.0, 2.0), 25)
 
     def random_ids_command(self, args: argparse.Namespace) -> List[str]:
         return sweep.bench_serving.bench_serving_command(
@@ -1577,17 +1577,21 @@ class TestBenchSweepResults(CustomTestCase):
             async def load(url):
                 args = self.bench_serving_args(url)
                 args.content_shift, args.repeats = 2, 2
+                args.ramp_phase_seconds = 0.5
+                # Ours read 8 and 100 tok/s: a closed loop's 4 prompts, then 7.
+                ours = {"phases": [{"output_tok_s": 8.0}, {"output_tok_s": 100.0}]}
                 return await asyncio.to_thread(
                     sweep.bench_serving.run_content_shift_bench_serving,
                     args,
                     config,
                     target,
                     root,
+                    ours,
                 )
 
             result = self.against_server(None, load, routes)
-        # per repeat: a warm-up request and 4 easy ones, then the same of hard ones
-        self.assertEqual(len(generated), 20)
+        # per repeat: a warm-up request and 4 easy ones, then one and 7 hard ones
+        self.assertEqual(len(generated), 26)
         self.assertEqual(flushed, [True] * 4)
         last_tokens = []
         for body in generated:
@@ -1596,12 +1600,12 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertEqual(body["sampling_params"]["max_new_tokens"], 8)
             self.assertTrue(body["sampling_params"]["ignore_eos"])
             last_tokens.append(ids[-1])
-        for start in (0, 10):
+        for start in (0, 13):
             self.assertTrue(
                 all(t in regions[0] for t in last_tokens[start : start + 5])
             )
             self.assertTrue(
-                all(t in regions[1] for t in last_tokens[start + 5 : start + 10])
+                all(t in regions[1] for t in last_tokens[start + 5 : start + 13])
             )
         self.assertEqual(result["concurrency"], 2)
         self.assertEqual([p["prompts"] for p in result["phases"]], ["easy", "hard"])
@@ -1615,7 +1619,7 @@ class TestBenchSweepResults(CustomTestCase):
     def test_the_content_shift_runs_bench_serving_when_asked(self):
         shifts, saved = [], []
 
-        def run_content_shift_bench_serving(args, config, target, log_dir):
+        def run_content_shift_bench_serving(args, config, target, log_dir, shift):
             shifts.append((config.name, dict(saved[-1]["content_shift"])))
             return {"output_tok_s": 2.0}
 
