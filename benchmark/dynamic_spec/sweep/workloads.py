@@ -155,21 +155,23 @@ def measure_decode_rate(
         )
         for _ in range(args.repeats)
     ]
-    windows = sum(run.wall for run in runs)
-    return {
+    point = {
         "config": config.name,
         "batch": batch,
         **median_with_spread(run.tokens / run.wall for run in runs),
         "window_s": statistics.median(run.wall for run in runs),
         "spec_step_share": spec_step_share(config, before, server_state(args.url)),
         "client_cpu_share": busy_client_share(runs, name),
-        "front_end_cpu_share": busy_share(
-            sum(run.front_end_cpu for run in runs),
-            windows,
+    }
+    front_end_cpu = [run.front_end_cpu for run in runs]
+    if None not in front_end_cpu:  # else a run could not read it
+        point["front_end_cpu_share"] = busy_share(
+            sum(front_end_cpu),
+            sum(run.wall for run in runs),
             "the server's front end",
             name,
-        ),
-    }
+        )
+    return point
 
 
 def run_ramp(args: argparse.Namespace, config: Config, prompts: PromptSource) -> dict:

@@ -576,6 +576,18 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual({len(prompts) for prompts, _ in loops}, {8})
         self.assertEqual({n for _, n in loops}, {64})
         self.assertEqual(len({p for prompts, _ in loops for p in prompts}), 24)
+        # A run that could not read the front end's CPU (decode_rate_loop: None).
+        with mock.patch.multiple(
+            sweep.workloads,
+            decode_rate_loop=decode_rate_loop,
+            server_state=lambda u: state,
+            process_cpu_seconds=lambda pid: None,
+        ):
+            point = sweep.workloads.measure_decode_rate(
+                args, config, sweep.client.PromptSource(4), 8, front_end_pid=7
+            )
+        self.assertNotIn("front_end_cpu_share", point)
+        self.assertEqual(point["client_cpu_share"], 0.5)
 
     def decode_rate_section(self, name: str, speed: float) -> dict:
         points = [
