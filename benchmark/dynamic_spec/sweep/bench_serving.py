@@ -14,7 +14,6 @@ import sys
 from typing import List, Tuple
 
 from sglang.test.synthetic_spec_models import load_spec, prompt_text, region_prompt
-from sweep.configs import Config
 from sweep.stats import median_with_spread
 from sweep.workloads import point_requests
 
@@ -139,27 +138,27 @@ def bench_serving_lengths(args: argparse.Namespace) -> Tuple[int, int, float]:
 
 def run_bench_serving(
     args: argparse.Namespace,
-    config: Config,
+    server_name: str,
     target: str,
     point: dict,
     log_dir: str,
 ) -> dict:
     """--bench-serving: upstream's bench_serving at a point's concurrency against
-    the config's server, bench_serving_prompts of them, --repeats times; its output
-    tok/s (median, spread), TTFT and TPOT, from its --output-file. Its output goes
-    to the log directory."""
+    the server named ``server_name`` (its log's name), bench_serving_prompts of
+    them, --repeats times; its output tok/s (median, spread), TTFT and TPOT, from
+    its --output-file. Its files go to the log directory under the server's name."""
     concurrency = point["concurrency"]
     num = bench_serving_prompts(
         args, concurrency, point["output_tok_s"], args.min_point_seconds
     )
     output_file = fresh_output_file(
-        log_dir, f"{config.name}-bench-serving-c{concurrency}"
+        log_dir, f"{server_name}-bench-serving-c{concurrency}"
     )
     command = bench_serving_command(
         args, target, concurrency, num, output_file, random_ids_workload(args)
     )
     for _ in range(args.repeats):
-        run_once(command, log_dir, config, f"C={concurrency}")
+        run_once(command, log_dir, server_name, f"C={concurrency}")
     return {**bench_serving_result(output_file, num), "command": command}
 
 
@@ -177,7 +176,11 @@ def bench_serving_prompts(
 
 
 def run_content_shift_bench_serving(
-    args: argparse.Namespace, config: Config, target: str, log_dir: str, shift: dict
+    args: argparse.Namespace,
+    server_name: str,
+    target: str,
+    log_dir: str,
+    shift: dict,
 ) -> dict:
     """--bench-serving with --content-shift C: upstream's bench_serving at C on easy
     prompts, then at once on hard ones (each phase as long as ours, ``shift``, at
@@ -191,10 +194,10 @@ def run_content_shift_bench_serving(
         )
         for phase in shift["phases"]
     ]
-    phases = content_shift_phases(args, config, target, nums, log_dir)
+    phases = content_shift_phases(args, server_name, target, nums, log_dir)
     for _ in range(args.repeats):
         for name, command, _ in phases:
-            run_once(command, log_dir, config, f"content shift, {name} prompts")
+            run_once(command, log_dir, server_name, f"content shift, {name} prompts")
     runs = [
         bench_serving_runs(output_file, num)
         for (_, _, output_file), num in zip(phases, nums)
@@ -222,7 +225,7 @@ def run_content_shift_bench_serving(
 
 def content_shift_phases(
     args: argparse.Namespace,
-    config: Config,
+    server_name: str,
     target: str,
     nums: List[int],
     log_dir: str,
@@ -234,16 +237,16 @@ def content_shift_phases(
     phases = []
     for region, (name, num) in enumerate(zip(CONTENT_SHIFT_PHASES, nums)):
         rng = random.Random(region)
-        # One per config: configs measured by other invocations share log_dir.
+        # One per server: servers measured by other invocations share log_dir.
         prompts_file = os.path.join(
-            log_dir, f"{config.name}-content-shift-{name}-prompts.jsonl"
+            log_dir, f"{server_name}-content-shift-{name}-prompts.jsonl"
         )
         write_prompts_file(
             [region_prompt(spec, region, args.input_len, rng) for _ in range(num)],
             prompts_file,
         )
         output_file = fresh_output_file(
-            log_dir, f"{config.name}-bench-serving-shift-{name}"
+            log_dir, f"{server_name}-bench-serving-shift-{name}"
         )
         workload = prompts_file_workload(prompts_file, args.output_len)
         command = bench_serving_command(
@@ -260,9 +263,9 @@ def fresh_output_file(log_dir: str, name: str) -> str:
     return output_file
 
 
-def run_once(command: List[str], log_dir: str, config: Config, what: str) -> None:
-    """One bench_serving run, its output appended to the config's log."""
-    log_path = os.path.join(log_dir, f"{config.name}-bench-serving.log")
+def run_once(command: List[str], log_dir: str, server_name: str, what: str) -> None:
+    """One bench_serving run, its output appended to the server's log."""
+    log_path = os.path.join(log_dir, f"{server_name}-bench-serving.log")
     with open(log_path, "a") as log:
         done = subprocess.run(
             command,
@@ -272,7 +275,7 @@ def run_once(command: List[str], log_dir: str, config: Config, what: str) -> Non
         )
     if done.returncode != 0:
         raise RuntimeError(
-            f"{config.name} {what}: bench_serving exited with "
+            f"{server_name} {what}: bench_serving exited with "
             f"{done.returncode}; see {log_path}"
         )
 

@@ -51,8 +51,8 @@ def run_config(
     after the ramp and after the content shift, so a run cut off keeps the points
     it finished."""
     prompts = PromptSource(args.input_len, seed=server)
-    suffix = f"-server{server}" if server else ""
-    log_path = server_log_path(log_dir, f"{config.name}{suffix}")
+    server_name = f"{config.name}-server{server}" if server else config.name
+    log_path = server_log_path(log_dir, server_name)
 
     def save_with_decode_throughput(record: dict) -> None:
         record["decode_tok_s"] = decode_throughput(
@@ -83,7 +83,7 @@ def run_config(
             save_with_decode_throughput(record)
             if bench_serving_at(args, concurrency):
                 point["bench_serving"] = run_bench_serving(
-                    args, config, target, point, log_dir
+                    args, server_name, target, point, log_dir
                 )
                 save_with_decode_throughput(record)
         record["ramp"] = run_ramp(args, config, prompts)
@@ -94,7 +94,7 @@ def run_config(
             if bench_serving_enabled(args):
                 shift = record["content_shift"]
                 shift["bench_serving"] = run_content_shift_bench_serving(
-                    args, config, target, log_dir, shift
+                    args, server_name, target, log_dir, shift
                 )
                 save_with_decode_throughput(record)
 

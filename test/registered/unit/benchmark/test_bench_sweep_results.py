@@ -1539,7 +1539,6 @@ class TestBenchSweepResults(CustomTestCase):
         """The real bench_serving of this sglang, against a stand-in server."""
         generated, flushed = [], []
         routes = self.bench_serving_stand_in(generated, flushed)
-        config = sweep.configs.KNOWN_CONFIGS["nospec"]
         with tempfile.TemporaryDirectory() as root, mock.patch.dict(
             os.environ, {"SGLANG_SYNTHETIC_MODELS_DIR": root}
         ):
@@ -1551,7 +1550,7 @@ class TestBenchSweepResults(CustomTestCase):
                 return await asyncio.to_thread(
                     sweep.bench_serving.run_bench_serving,
                     args,
-                    config,
+                    "nospec",
                     target,
                     point,
                     root,
@@ -1578,7 +1577,6 @@ class TestBenchSweepResults(CustomTestCase):
         the pair's tokenizer reads back as those tokens, --repeats times."""
         generated, flushed = [], []
         routes = self.bench_serving_stand_in(generated, flushed)
-        config = sweep.configs.KNOWN_CONFIGS["auto-topk1"]
         with tempfile.TemporaryDirectory() as root, mock.patch.dict(
             os.environ, {"SGLANG_SYNTHETIC_MODELS_DIR": root}
         ):
@@ -1595,7 +1593,7 @@ class TestBenchSweepResults(CustomTestCase):
                 return await asyncio.to_thread(
                     sweep.bench_serving.run_content_shift_bench_serving,
                     args,
-                    config,
+                    "auto-topk1",
                     target,
                     root,
                     ours,
@@ -1631,8 +1629,8 @@ class TestBenchSweepResults(CustomTestCase):
     def test_the_content_shift_runs_bench_serving_when_asked(self):
         shifts, saved = [], []
 
-        def run_content_shift_bench_serving(args, config, target, log_dir, shift):
-            shifts.append((config.name, dict(saved[-1]["content_shift"])))
+        def run_content_shift_bench_serving(args, server, target, log_dir, shift):
+            shifts.append((server, dict(saved[-1]["content_shift"])))
             return {"output_tok_s": 2.0}
 
         patches = dict(
@@ -1715,11 +1713,16 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertTrue(sweep.bench_serving.bench_serving_enabled(args))
 
     def run_config_on_stand_ins(
-        self, args: argparse.Namespace, config: str, saved: List[dict], **patches
+        self,
+        args: argparse.Namespace,
+        config: str,
+        saved: List[dict],
+        server: int = 0,
+        **patches,
     ) -> None:
-        """run_config of `config` against a stand-in server with stand-in points and
-        ramp (``patches`` replace more of sweep.runs); it appends to ``saved``
-        every record it saves."""
+        """run_config of `config` in the server-th stand-in server with stand-in
+        points and ramp (``patches`` replace more of sweep.runs); it appends to
+        ``saved`` every record it saves."""
 
         @contextlib.contextmanager
         def serving(args, config, target, draft, prompts, warmup, log_path):
@@ -1737,7 +1740,9 @@ class TestBenchSweepResults(CustomTestCase):
             sweep.runs, **{**stand_ins, **patches}
         ):
             config = sweep.configs.KNOWN_CONFIGS[config]
-            sweep.runs.run_config(args, config, "/t", "/d", log_dir, saved.append)
+            sweep.runs.run_config(
+                args, config, "/t", "/d", log_dir, saved.append, server
+            )
 
     def run_config_args(self, **kwargs) -> argparse.Namespace:
         return argparse.Namespace(
@@ -1753,9 +1758,9 @@ class TestBenchSweepResults(CustomTestCase):
     def test_a_point_runs_bench_serving_when_asked(self):
         calls, saved = [], []
 
-        def run_bench_serving(args, config, target, point, log_dir):
+        def run_bench_serving(args, server, target, point, log_dir):
             saved_points = [p["concurrency"] for p in saved[-1]["points"]]
-            calls.append((config.name, target, point["concurrency"], saved_points))
+            calls.append((server, target, point["concurrency"], saved_points))
             return {"output_tok_s": 1.0}
 
         args = self.run_config_args(
@@ -1773,6 +1778,11 @@ class TestBenchSweepResults(CustomTestCase):
                 {"concurrency": 8, "bench_serving": {"output_tok_s": 1.0}},
             ],
         )
+        # --servers: a later server's runs go to files of its own, as its log does
+        self.run_config_on_stand_ins(
+            args, "nospec", saved, server=1, run_bench_serving=run_bench_serving
+        )
+        self.assertEqual(calls[-1], ("nospec-server1", "/t", 8, [1, 8]))
 
     def test_per_config_thresholds_only_for_load_aware_configs(self):
         parser = argparse.ArgumentParser()
