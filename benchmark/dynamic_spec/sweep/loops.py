@@ -211,6 +211,7 @@ async def decode_rate_loop(
             "once"
         )
     tokens = sum(tokens_by(t, end) - tokens_by(t, start) for t in timelines)
+    tenths = [start + (end - start) * i / 10 for i in range(11)]
     # The client's CPU share over the whole run, for the window.
     return Run(
         results,
@@ -222,6 +223,7 @@ async def decode_rate_loop(
             if cpu_samples
             else None
         ),
+        tenths_tok_s=rates_between(timelines, tenths),
     )
 
 
@@ -269,6 +271,18 @@ def not_all_at_once(
         f"{max(t[0][0] for t in timelines) - first_token:.1f} s; the client used "
         f"{cpu_share:.0%} of a core"
     )
+
+
+def rates_between(
+    timelines: List[List[Tuple[float, int]]], moments: List[float]
+) -> List[float]:
+    """The output tok/s the requests streamed between each two successive moments:
+    whether a window's rate fell at its edges or throughout it."""
+    streamed = [sum(tokens_by(t, moment) for t in timelines) for moment in moments]
+    return [
+        (streamed[i + 1] - streamed[i]) / (moments[i + 1] - moments[i])
+        for i in range(len(moments) - 1)
+    ]
 
 
 def tokens_by(timeline: List[Tuple[float, int]], moment: float) -> int:

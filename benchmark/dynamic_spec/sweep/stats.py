@@ -44,8 +44,10 @@ class Run:
     in_flight: Optional[float] = None
     loop_lag_max: Optional[float] = None
     quiet_share: Optional[float] = None
-    # Decode-rate windows: the server front end's CPU seconds in the window.
+    # Decode-rate windows: the server front end's CPU seconds in the window, and the
+    # output tok/s in each of its tenths.
     front_end_cpu: Optional[float] = None
+    tenths_tok_s: Optional[List[float]] = None
 
 
 def quiet_share(

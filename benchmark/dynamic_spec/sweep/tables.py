@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import statistics
 from typing import Callable, Dict, List, Optional, Sequence
 
 from sweep.records import finished, steady_decode, swept_records
@@ -65,9 +66,10 @@ def results_markdown(records: List[dict], title: str) -> str:
             " B requests decoding at once, from the moment the last of them streamed"
             " its first token to the first finish (no prefill, no finish in between);"
             " median of the repeats [min-max], the ratio to nospec's, the decode"
-            " tok/s the server logged at that batch, and the share of a core the"
-            " server's front end kept busy in the windows (near 100%, it sets the"
-            " pace):\n\n",
+            " tok/s the server logged at that batch, the output tok/s of the"
+            " window's first and last tenth against its middle eight (edges), and"
+            " the share of a core the server's front end kept busy in the windows"
+            " (near 100%, it sets the pace):\n\n",
             rates,
         ]
     if swept:
@@ -299,11 +301,26 @@ def decode_rate_table(records: List[dict]) -> str:
                 cell += f", {by_batch[b]['output_tok_s'] / rate['nospec', b]:.3f}x"
             if b in logged:
                 cell += f" (log {logged[b]:.0f}{same_kv_tokens_note(section, nospec_windows, b)})"
+            cell += edges_note(by_batch[b])
             if "front_end_cpu_share" in by_batch[b]:
                 cell += f", front end {by_batch[b]['front_end_cpu_share']:.0%}"
             cells.append(cell)
         lines.append(f"| {record['config']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def edges_note(point: dict) -> str:
+    """The window's first and last tenth against its middle eight, median of the
+    repeats: whether a rate below the server's comes from the window's edges."""
+    if "tenths_tok_s" not in point:
+        return ""
+    first, last = (
+        statistics.median(
+            t[i] / statistics.median(t[1:-1]) for t in point["tenths_tok_s"]
+        )
+        for i in (0, -1)
+    )
+    return f", edges {first:.2f}x / {last:.2f}x"
 
 
 def same_kv_tokens_note(

@@ -162,6 +162,7 @@ def measure_decode_rate(
         "window_s": statistics.median(run.wall for run in runs),
         "spec_step_share": spec_step_share(config, before, server_state(args.url)),
         "client_cpu_share": busy_client_share(runs, name),
+        "tenths_tok_s": [[round(r, 1) for r in run.tenths_tok_s] for run in runs],
     }
     front_end_cpu = [run.front_end_cpu for run in runs]
     if None not in front_end_cpu:  # else a run could not read it

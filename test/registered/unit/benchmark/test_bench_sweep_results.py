@@ -456,10 +456,13 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertEqual(sweep.client.streamed_tokens(compact), 12)
         self.assertIsNone(sweep.client.streamed_tokens(b'data: {"error": {}}'))
 
-    def staggered_decode(self, stagger: float, step: float = 0.1):
+    def staggered_decode(
+        self, stagger: float, step: float = 0.1, slow_until: float = 0.0
+    ):
         """one_request of a server that decodes every request at 2 tokens per step of
-        `step` seconds, request i streaming its first token at i * stagger (fake
-        times in the timeline)."""
+        `step` seconds (3 x `step` for steps that start before `slow_until`),
+        request i streaming its first token at i * stagger (fake times in the
+        timeline)."""
         started = []
 
         async def one_request(session, url, prompt, output_len, timeline):
@@ -470,9 +473,19 @@ class TestBenchSweepResults(CustomTestCase):
                 timeline.append((at, tokens))
                 if tokens == output_len:
                     return sweep.client.RequestResult(0.0, at, tokens, 0, 0, at)
-                tokens, at = min(tokens + 2, output_len), at + step
+                seconds = 3 * step if at < slow_until else step
+                tokens, at = min(tokens + 2, output_len), at + seconds
 
         return one_request, started
+
+    def test_the_decode_rate_window_shows_where_it_was_slow(self):
+        one_request, _ = self.staggered_decode(stagger=0.01, step=0.01, slow_until=0.3)
+        with mock.patch.object(sweep.loops, "one_request", one_request):
+            run = asyncio.run(sweep.loops.decode_rate_loop("u", [[1]] * 4, 201))
+        # 2 tokens per request per 0.03 s, then per 0.01 s: ~267, then 800 tok/s
+        first, *_, last = run.tenths_tok_s
+        self.assertLess(first, 300)
+        self.assertGreater(last, 700)
 
     def test_the_decode_rate_counts_only_while_every_request_decodes(self):
         one_request, started = self.staggered_decode(stagger=0.01)
@@ -484,6 +497,9 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertAlmostEqual(run.wall, 0.97)
         self.assertEqual(run.tokens, 20 + 3 * 18)
         self.assertEqual(len(run.results), 4)
+        # its tenths count the same tokens
+        self.assertEqual(len(run.tenths_tok_s), 10)
+        self.assertAlmostEqual(sum(run.tenths_tok_s) * run.wall / 10, run.tokens)
         one_request, _ = self.staggered_decode(stagger=0.5)  # 3 starts after 0 ends
         with mock.patch.object(sweep.loops, "one_request", one_request):
             with self.assertRaisesRegex(RuntimeError, "raise --decode-output-len"):
@@ -544,7 +560,12 @@ class TestBenchSweepResults(CustomTestCase):
         async def decode_rate_loop(url, prompts, output_len, front_end_cpu_seconds):
             loops.append((tuple(map(tuple, prompts)), output_len))
             return sweep.stats.Run(
-                [], 100.0 * len(loops), 1.0, 0.5, front_end_cpu=front_end_cpu_seconds()
+                [],
+                100.0 * len(loops),
+                1.0,
+                0.5,
+                front_end_cpu=front_end_cpu_seconds(),
+                tenths_tok_s=[100.0 * len(loops) + 0.04] * 10,
             )
 
         args = argparse.Namespace(url="u", repeats=3, decode_output_len=64)
@@ -570,6 +591,7 @@ class TestBenchSweepResults(CustomTestCase):
                 "window_s": 1.0,
                 "spec_step_share": 0.0,
                 "client_cpu_share": 0.5,
+                "tenths_tok_s": [[100.0] * 10, [200.0] * 10, [300.0] * 10],
                 "front_end_cpu_share": 0.25,
             },
         )
@@ -679,6 +701,11 @@ class TestBenchSweepResults(CustomTestCase):
                 "config": "plain-topk1",
                 "decode_rate": self.decode_rate_section("plain-topk1", 98.0),
             }
+            # two repeats: a slow first tenth in one, a slow last one in both
+            plain["decode_rate"]["points"][1]["tenths_tok_s"] = [
+                [90.0, *[100.0] * 8, 80.0],
+                [100.0, *[100.0] * 8, 90.0],
+            ]
             records = self.merge(out_dir, plain, "rates")
             self.assertEqual([r["config"] for r in records], ["nospec", "plain-topk1"])
             self.assertNotIn("points", records[1])
@@ -701,7 +728,7 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertIn(
                 "| plain-topk1 | 6272 [6271-6273], 0.980x (log 6174, 0.980x at "
                 "nospec's KV tokens) "
-                "| 12544 [12543-12545], 0.980x |",
+                "| 12544 [12543-12545], 0.980x, edges 0.95x / 0.85x |",
                 results,
             )
             self.assertIn("| nospec | 6400 [6399-6401], 1.000x (log 6300) |", results)
