@@ -286,8 +286,10 @@ def rates_between(
 
 
 def tokens_by(timeline: List[Tuple[float, int]], moment: float) -> int:
-    """The output tokens a request had streamed by moment."""
-    return next((tokens for at, tokens in reversed(timeline) if at <= moment), 0)
+    """The output tokens a request had streamed by moment (its timeline is in
+    time order)."""
+    streamed = bisect.bisect_right(timeline, (moment, math.inf))
+    return timeline[streamed - 1][1] if streamed else 0
 
 
 async def ramp_loop(

@@ -547,6 +547,13 @@ class TestBenchSweepResults(CustomTestCase):
             run = asyncio.run(sweep.loops.decode_rate_loop("u", [[1]] * 4, 21))
         self.assertIsNone(run.front_end_cpu)
 
+    def test_a_requests_tokens_by_a_moment(self):
+        timeline = [(1.0, 1), (2.0, 3), (2.0, 5), (4.0, 9)]
+        by = sweep.loops.tokens_by
+        self.assertEqual(
+            [by(timeline, t) for t in (0.5, 1.0, 2.0, 3.9, 9.0)], [0, 1, 5, 5, 9]
+        )
+
     def test_a_sampled_counter_is_read_between_its_samples(self):
         samples = [(1.0, 10.0), (2.0, 20.0), (4.0, 22.0)]
         self.assertEqual(sweep.loops.value_at(samples, 0.5), 10.0)
