@@ -211,7 +211,7 @@ async def decode_rate_loop(
             "once"
         )
     tokens = sum(tokens_by(t, end) - tokens_by(t, start) for t in timelines)
-    tenths = [start + (end - start) * i / 10 for i in range(11)]
+    tenth_marks = [start + (end - start) * i / 10 for i in range(11)]
     # The client's CPU share over the whole run, for the window.
     return Run(
         results,
@@ -223,7 +223,7 @@ async def decode_rate_loop(
             if cpu_samples
             else None
         ),
-        tenths_tok_s=rates_between(timelines, tenths),
+        tenths_tok_s=rates_between(timelines, tenth_marks),
     )
 
 
