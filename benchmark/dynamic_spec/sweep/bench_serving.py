@@ -13,7 +13,12 @@ import subprocess
 import sys
 from typing import List, Tuple
 
-from sglang.test.synthetic_spec_models import load_spec, prompt_text, region_prompt
+from sglang.test.synthetic_spec_models import (
+    load_spec,
+    prompt_text,
+    region_prompt,
+    tokenizer_dir,
+)
 from sweep.stats import median_with_spread
 from sweep.workloads import point_requests
 
@@ -61,7 +66,7 @@ def bench_serving_command(
         "--model",
         target,
         "--tokenizer",
-        target,
+        tokenizer_dir(target),
         *workload,
         "--num-prompts",
         str(num_prompts),

@@ -121,7 +121,11 @@ def synthetic_pair(
     of the previous position is valid (catches stale draft KV after plain steps).
     """
     import torch
-    from sglang.test.synthetic_spec_models import SPEC_FILE, generate
+    from sglang.test.synthetic_spec_models import (
+        SPEC_FILE,
+        generate,
+        write_tokenizer_dir,
+    )
 
     out_dir = synthetic_pair_dir(preset, draft_accept, seed, draft_kv_check)
     if not os.path.isfile(os.path.join(out_dir, SPEC_FILE)):
@@ -137,7 +141,9 @@ def synthetic_pair(
         if device == "cuda":
             # Servers launched next by this process need the memory.
             torch.cuda.empty_cache()
-    return os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
+    target_dir = os.path.join(out_dir, "target")
+    write_tokenizer_dir(target_dir)  # pairs generated before it existed
+    return target_dir, os.path.join(out_dir, "draft")
 
 
 def random_prompts(

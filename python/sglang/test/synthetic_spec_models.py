@@ -144,6 +144,7 @@ import math
 import os
 import random
 import re
+import shutil
 import zlib
 from typing import (
     Callable,
@@ -182,6 +183,7 @@ TARGET_LAYER_NOISE = 0.05
 DRAFT_FILLER_NOISE = 0.05
 MAX_SHARD_BYTES = 4 * 1024**3
 SPEC_FILE = "synthetic_spec.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 TOKEN_NAME = re.compile(r"w(\d+)")
 # Token strings of write_json_object_tokenizer.
 JSON_OBJECT_OPENER = '{"a":"'
@@ -255,7 +257,8 @@ PRESETS: Dict[str, Preset] = {
     ),
 }
 # dense32b is ~64 GB in bf16, more than one H200 host's disk; 32 of its 64 layers
-# (~34 GB) keep it there, as qwen3moe's 24 of 48 do.
+# (~34 GB) keep it there, as qwen3moe's 24 of 48 do. Serve a qwen2 target with
+# --tokenizer-path tokenizer_dir(target) (see there).
 PRESETS["dense32b-32l"] = dataclasses.replace(PRESETS["dense32b"], num_layers=32)
 # The tiny shapes in the other architectures (CPU tests of the dense32b / qwen3moe
 # paths).
@@ -901,6 +904,28 @@ def _write_tokenizer(
     )
 
 
+def tokenizer_dir(target_dir: str) -> str:
+    """The directory beside ``target_dir`` with only its tokenizer, for
+    ``--tokenizer-path`` (written by ``generate``).
+
+    transformers 5 loads the tokenizer of a ``qwen2`` config as ``Qwen2Tokenizer``,
+    whatever tokenizer_config.json names, and that class rebuilds a BPE model from
+    the vocabulary: the synthetic word-level vocabulary then encodes every text to
+    no token at all (the server's warm-up prompt included). Without a config beside
+    it, the tokenizer loads as written, for every architecture.
+    """
+    return os.path.join(os.path.dirname(os.path.abspath(target_dir)), "tokenizer")
+
+
+def write_tokenizer_dir(target_dir: str) -> None:
+    """Copy the target's tokenizer files to ``tokenizer_dir`` (those missing)."""
+    out_dir = tokenizer_dir(target_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if not os.path.isfile(os.path.join(out_dir, name)):
+            shutil.copyfile(os.path.join(target_dir, name), os.path.join(out_dir, name))
+
+
 def write_json_object_tokenizer(target_dir: str, out_dir: str) -> Tuple[int, int]:
     """Write to ``out_dir`` the tokenizer of the synthetic target ``target_dir`` with
     two tokens renamed to ``{"a":"`` and ``"}``, so that its vocab can spell the JSON
@@ -973,7 +998,8 @@ def generate(
     num_layers: Optional[int] = None,
     draft_kv_check: bool = False,
 ) -> Tuple[str, str]:
-    """Write ``out_dir/target``, ``out_dir/draft`` and ``out_dir/synthetic_spec.json``.
+    """Write ``out_dir/target``, ``out_dir/draft``, ``out_dir/tokenizer`` (the
+    target's tokenizer alone: ``tokenizer_dir``) and ``out_dir/synthetic_spec.json``.
 
     ``draft_kv_check`` selects the draft variant whose proposals need a valid
     draft KV cache at the previous position (see the module docstring).
@@ -995,6 +1021,7 @@ def generate(
     os.makedirs(draft_dir, exist_ok=True)
     with torch.no_grad():
         _write_target(target_dir, p, num_layers, codes, tmap, filler, device)
+        write_tokenizer_dir(target_dir)
         _write_draft(
             draft_dir, p, num_layers, codes, tmap, filler, device, draft_kv_check
         )

@@ -1412,7 +1412,7 @@ class TestBenchSweepResults(CustomTestCase):
                 "--backend": "sglang",
                 "--base-url": "http://127.0.0.1:1",
                 "--model": "/models/t",
-                "--tokenizer": "/models/t",
+                "--tokenizer": "/models/tokenizer",
             },
         )
         # random-ids, not random: "random" downloads ShareGPT to sample from.

@@ -588,10 +588,13 @@ def _read(root: str, rel: str) -> bytes:
 
 
 def _digest(root: str) -> str:
-    """sha256 over (path, bytes) of every file but the tokenizers-library output."""
+    """sha256 over (path, bytes) of every file but the tokenizers-library output and
+    the copy of the target's tokenizer (tokenizer_dir)."""
     h = hashlib.sha256()
     for rel in _relative_files(root):
-        if rel != os.path.join("target", "tokenizer.json"):
+        if rel != os.path.join("target", "tokenizer.json") and not rel.startswith(
+            "tokenizer" + os.sep
+        ):
             h.update(rel.encode() + b"\0" + _read(root, rel))
     return h.hexdigest()
 
@@ -643,6 +646,23 @@ class TestOtherArchitectures(CustomTestCase):
                     torch.equal(top2.indices[..., 0], torch.tensor(nt)[ids])
                 )
                 self.assertGreater(gap, ssm.TARGET_MIN_MARGIN)
+
+    def test_tokenizer_dir_encodes_text_for_every_architecture(self) -> None:
+        # transformers 5 rebuilds a qwen2 config's tokenizer as BPE, which encodes
+        # the synthetic words of the target's own directory to nothing.
+        from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+        ids = [7, 300, 11]
+        for preset in ("tiny-qwen2", "tiny-qwen3moe", "tiny"):
+            with self.subTest(preset=preset), tempfile.TemporaryDirectory() as out:
+                target_dir, _ = ssm.generate(preset, out, draft_accept=0.9, seed=1)
+                tokenizer = get_tokenizer(ssm.tokenizer_dir(target_dir))
+                self.assertEqual(tokenizer.encode(ssm.prompt_text(ids)), ids)
+                self.assertEqual(tokenizer.decode(ids), ssm.prompt_text(ids))
+                # The server's warm-up prompt: unknown words, one <unk> each.
+                self.assertEqual(
+                    tokenizer.encode("The capital city of France is"), [0] * 6
+                )
 
 
 if __name__ == "__main__":
