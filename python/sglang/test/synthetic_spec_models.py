@@ -1021,10 +1021,10 @@ def generate(
     os.makedirs(draft_dir, exist_ok=True)
     with torch.no_grad():
         _write_target(target_dir, p, num_layers, codes, tmap, filler, device)
-        write_tokenizer_dir(target_dir)
         _write_draft(
             draft_dir, p, num_layers, codes, tmap, filler, device, draft_kv_check
         )
+    write_tokenizer_dir(target_dir)
     _write_spec(
         out_dir, preset, p, num_layers, draft_accept, seed, tmap, draft_kv_check
     )
