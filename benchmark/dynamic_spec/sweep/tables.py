@@ -67,7 +67,8 @@ def results_markdown(records: List[dict], title: str) -> str:
             " its first token to the first finish (no prefill, no finish in between);"
             " median of the repeats [min-max], the ratio to nospec's, the decode"
             " tok/s the server logged at that batch, the output tok/s of the"
-            " window's first and last tenth against its middle eight (edges), and"
+            " window's first and last tenth against its middle eight (edges), the"
+            " middle eight's output tok/s against nospec's, and"
             " the share of a core the server's front end kept busy in the windows"
             " (near 100%, it sets the pace):\n\n",
             rates,
@@ -268,12 +269,12 @@ def decode_rate_table(records: List[dict]) -> str:
     measured = [r for r in records if "decode_rate" in r]
     if not measured:
         return ""
-    rate = {
-        (r["config"], p["batch"]): p["output_tok_s"]
+    point_at = {
+        (r["config"], p["batch"]): p
         for r in measured
         for p in r["decode_rate"]["points"]
     }
-    batches = sorted({b for _, b in rate})
+    batches = sorted({b for _, b in point_at})
     nospec_windows = next(
         (
             r["decode_rate"].get("decode_windows")
@@ -297,11 +298,13 @@ def decode_rate_table(records: List[dict]) -> str:
                 cells.append("-")
                 continue
             cell = rate_with_spread(by_batch[b])
-            if ("nospec", b) in rate:
-                cell += f", {by_batch[b]['output_tok_s'] / rate['nospec', b]:.3f}x"
+            nospec_point = point_at.get(("nospec", b))
+            if nospec_point is not None:
+                ratio = by_batch[b]["output_tok_s"] / nospec_point["output_tok_s"]
+                cell += f", {ratio:.3f}x"
             if b in logged:
                 cell += f" (log {logged[b]:.0f}{same_kv_tokens_note(section, nospec_windows, b)})"
-            cell += edges_note(by_batch[b])
+            cell += edges_note(by_batch[b], nospec_point)
             if "front_end_cpu_share" in by_batch[b]:
                 cell += f", front end {by_batch[b]['front_end_cpu_share']:.0%}"
             cells.append(cell)
@@ -309,18 +312,28 @@ def decode_rate_table(records: List[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def edges_note(point: dict) -> str:
+def middle_eight_rate(tenths: List[float]) -> float:
+    return statistics.mean(tenths[1:-1])
+
+
+def edges_note(point: dict, nospec_point: Optional[dict]) -> str:
     """The window's first and last tenth against its middle eight, median of the
-    repeats: whether a rate below the server's comes from the window's edges."""
+    repeats, and the middle eight's rate against nospec's (mean of the repeats):
+    whether a rate below the server's comes from the window's edges."""
     if "tenths_tok_s" not in point:
         return ""
     first, last = (
-        statistics.median(
-            t[i] / statistics.median(t[1:-1]) for t in point["tenths_tok_s"]
-        )
+        statistics.median(t[i] / middle_eight_rate(t) for t in point["tenths_tok_s"])
         for i in (0, -1)
     )
-    return f", edges {first:.2f}x / {last:.2f}x"
+    note = f", edges {first:.2f}x / {last:.2f}x"
+    if point is not nospec_point and "tenths_tok_s" in (nospec_point or {}):
+        middle, nospec_middle = (
+            statistics.mean(map(middle_eight_rate, p["tenths_tok_s"]))
+            for p in (point, nospec_point)
+        )
+        note += f", middle eight {middle / nospec_middle:.3f}x"
+    return note
 
 
 def same_kv_tokens_note(

@@ -695,6 +695,8 @@ class TestBenchSweepResults(CustomTestCase):
                 "config": "nospec",
                 "decode_rate": self.decode_rate_section("nospec", 100.0),
             }
+            # plain-topk1's middle eight tenths below run at 0.8x these
+            rates["decode_rate"]["points"][1]["tenths_tok_s"] = [[125.0] * 10] * 2
             records = self.merge(out_dir, rates, "rates")
             (nospec,) = records
             self.assertEqual(nospec["commit"], "sweep")  # the sweep's record, kept
@@ -735,10 +737,15 @@ class TestBenchSweepResults(CustomTestCase):
             self.assertIn(
                 "| plain-topk1 | 6272 [6271-6273], 0.980x (log 6174, 0.980x at "
                 "nospec's KV tokens) "
-                "| 12544 [12543-12545], 0.980x, edges 0.95x / 0.85x |",
+                "| 12544 [12543-12545], 0.980x, edges 0.95x / 0.85x, "
+                "middle eight 0.800x |",
                 results,
             )
-            self.assertIn("| nospec | 6400 [6399-6401], 1.000x (log 6300) |", results)
+            self.assertIn(
+                "| nospec | 6400 [6399-6401], 1.000x (log 6300) "
+                "| 12800 [12799-12801], 1.000x, edges 1.00x / 1.00x |",
+                results,
+            )
             self.assertNotIn("| plain-topk1 | 1000 |", results)  # no sweep row
             self.assertIn("- plain-topk1 decode rate: `b` (rates)", results)
             self.assertIn("- nospec: `b` (sweep2)", results)
