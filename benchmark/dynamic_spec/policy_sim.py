@@ -38,7 +38,7 @@ import json
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from sglang.srt.speculative.spec_policy import DEFAULT_MIN_DWELL_STEPS, SpecPolicy
 from sglang.srt.speculative.throughput_policy import (
@@ -89,10 +89,14 @@ class Environment:
         p = self.acceptance[max(0, bisect.bisect_right(starts, at_seconds) - 1)][1]
         return chain_accept_length(p, num_steps)
 
-    def step_seconds(self, num_steps: int, bucket: int, at_seconds: float) -> float:
+    def step_seconds(
+        self, num_steps: int, bucket: int, at_seconds: float, first: bool = False
+    ) -> float:
         """A step's seconds as recorded around this time: the median of the
         ``REPLAYED_NEIGHBOURS`` steps of this mode and bucket recorded nearest it
-        (the cost table's time where none were)."""
+        (the cost table's time where none were). The ``first`` step of a mode at
+        a bucket costs at least what the first one timed there took: first steps at
+        a new batch size can stall (~100 ms in the recorded runs)."""
         if (num_steps, bucket) not in self.step_times:
             return self.costs[num_steps][bucket]
         times, seconds = self.step_times[(num_steps, bucket)]
@@ -100,7 +104,8 @@ class Environment:
         start = max(
             0, min(i - REPLAYED_NEIGHBOURS // 2, len(times) - REPLAYED_NEIGHBOURS)
         )
-        return statistics.median(seconds[start : start + REPLAYED_NEIGHBOURS])
+        around = statistics.median(seconds[start : start + REPLAYED_NEIGHBOURS])
+        return max(around, seconds[0]) if first else around
 
 
 # Enough recorded steps that one outlier does not set a step's time, few enough that
@@ -413,8 +418,8 @@ class _RunningBatch:
 
 class _Auto:
     """The server's policy object on a batch the simulator launches: each step's
-    launch is recorded as the scheduler records it, a forward number apart (two
-    where a prefill ran before it), at the time the steps before it took."""
+    launch is recorded as the overlap scheduler records it, a forward number apart
+    (two where a prefill ran before it), when the step two before it ends."""
 
     def __init__(self, env: Environment, profiled: bool = False):
         steps = env.speculative_steps
@@ -429,6 +434,7 @@ class _Auto:
         self.prefill_rate = env.prefill_rate
         self.batch = _RunningBatch()
         self._clock = 0.0
+        self._last_step_start = 0.0
         self._forward_iter = 0
         self._prefill_credit: Dict[int, float] = {}
         if profiled:
@@ -451,7 +457,8 @@ class _Auto:
     ) -> None:
         self._forward_iter += 1 + self._prefill_before(batch_size)
         self.batch.forward_iter = self._forward_iter
-        self.batch.launch_ts = self._clock
+        self.batch.launch_ts = self._last_step_start
+        self._last_step_start = self._clock
         self._clock += seconds
         if num_steps != PLAIN:
             self.policy.pending.add_verify(num_steps, num_tokens, batch_size)
@@ -508,10 +515,12 @@ def simulate(
     environment says (the acceptance of the environment's step at that time), and a
     switch between plain and speculative steps its cost on top. A step costs its
     bucket's time in the cost table, or with ``replay_step_times`` its time as
-    recorded then, scaled from its bucket to its batch as the table would."""
+    recorded then (``Environment.step_seconds``), scaled from its bucket to its
+    batch as the table would."""
     tokens = seconds = 0.0
     spec_steps = num_steps = 0
     step_costs = env.charged_costs()
+    run_at: Set[Tuple[int, int]] = set()  # (mode, bucket)
     largest = step_costs.batch_sizes[-1]
     if any(bs > largest for bs, _ in phases):
         # As in a server, whose running batch never outgrows its policy's buckets.
@@ -527,8 +536,11 @@ def simulate(
             step_seconds = step_costs.estimate(mode, bs)
             if replay_step_times:
                 bucket = step_costs.bucket(bs)
+                first = (mode, bucket) not in run_at
+                run_at.add((mode, bucket))
                 step_seconds *= (
-                    env.step_seconds(mode, bucket, seconds) / env.costs[mode][bucket]
+                    env.step_seconds(mode, bucket, seconds, first)
+                    / env.costs[mode][bucket]
                 )
             if speculated is not None and (mode != PLAIN) != speculated:
                 step_seconds += env.switch_seconds
@@ -574,7 +586,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         action="store_true",
         help="with --trace: each step costs what the trace's steps of its mode and "
         "batch bucket took around that time (slow stretches included), not their "
-        "median",
+        "median; a mode's first step at a bucket at least what the first one timed "
+        "there took",
     )
     args = parser.parse_args(argv)
 

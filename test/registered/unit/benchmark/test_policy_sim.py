@@ -106,6 +106,16 @@ class TestEnvironment(CustomTestCase):
         )  # past the last: the last 5
         self.assertEqual(env.step_seconds(0, 1, 0.65), 0.010)  # 2 slow of 5 neighbours
 
+    def test_a_first_step_at_a_bucket_costs_at_least_the_first_timed_there(self):
+        times = [0.1 * i for i in range(10)]
+        seconds = [0.100] + [0.010] * 9  # the first step at the size stalled
+        env = sim.Environment(
+            {0: {1: 0.010}}, [(0.0, 0.9)], step_times={(0, 1): (times, seconds)}
+        )
+        self.assertEqual(env.step_seconds(0, 1, 0.5, first=True), 0.100)
+        self.assertEqual(env.step_seconds(0, 1, 0.5), 0.010)
+        self.assertEqual(env.step_seconds(0, 1, 0.0), 0.010)  # 1 slow of 5
+
     def test_a_mode_never_timed_at_a_bucket_replays_its_cost_table_time(self):
         env = sim.Environment(COSTS, sim.parse_acceptance("0.8"))
         self.assertEqual(env.step_seconds(3, 64, 5.0), COSTS[3][64])
@@ -344,6 +354,14 @@ class TestSimulate(CustomTestCase):
         }
         self.assertGreater(rate["always"], 1.1 * rate["nospec"])
         self.assertGreaterEqual(rate["auto"], 0.98 * rate["always"])
+
+    def test_auto_times_the_first_of_three_steps_as_the_overlap_scheduler_does(self):
+        auto = sim.make_policy("auto", sim.Environment(COSTS, [(0.0, 0.8)]))
+        for seconds in (0.050, 0.010, 0.010):
+            auto.observe(auto.decide(8), 8, 8.0, seconds)
+        auto.decide(8)
+        table = auto.policy.get_state()["step_costs_seconds"]
+        self.assertEqual(table["3"][8], 0.050)
 
     def test_hard_first_requests_do_not_keep_auto_plain_at_a_larger_batch(self):
         # FA3 on one H100 at batches 1 to 64 (the first speculative steps at batch 1
