@@ -112,9 +112,12 @@ class StepCosts:
     low median of its last ``window`` samples. Step times are noisy upwards (a first
     step at a new size, a host stall such as a garbage collection): the median
     keeps slow steps from setting a bucket's cost, and the low one does so even with
-    two samples, where a median would be their mean. A bucket without samples is
-    priced from its neighbours (``_lower_bound``). A bucket ``restart``-ed keeps its
-    cost until its next sample, which then starts its window afresh."""
+    two samples, where a median would be their mean. A bucket timed by one step
+    only costs at most what a larger measured one costs: that step may have caught
+    a stall, and a mode it priced out would not run there again to be timed. A
+    bucket without samples is priced from its neighbours (``_lower_bound``). A
+    bucket ``restart``-ed keeps its cost until its next sample, which then starts
+    its window afresh."""
 
     def __init__(
         self,
@@ -139,11 +142,14 @@ class StepCosts:
             for mode, by_bs in profile.items()
         }
         self._restarting: Set[Tuple[int, int]] = set()  # (mode, bucket index)
-        # The samples' medians, kept as they arrive: estimate runs every step.
-        self._seconds: Dict[int, List[Optional[float]]] = {
+        self._timed_once: Set[Tuple[int, int]] = set()  # (mode, bucket index)
+        # The samples' medians, and the costs they give, kept as samples arrive:
+        # estimate runs every step.
+        self._medians: Dict[int, List[Optional[float]]] = {
             mode: [by_bs[bs] for bs in self.batch_sizes]
             for mode, by_bs in profile.items()
         }
+        self._seconds = {mode: list(row) for mode, row in self._medians.items()}
 
     @classmethod
     def unmeasured(
@@ -214,7 +220,25 @@ class StepCosts:
             self._restarting.discard((mode, i))
             samples.clear()
         samples.append(seconds)
-        self._seconds[mode][i] = statistics.median_low(samples)
+        if len(samples) == 1:
+            self._timed_once.add((mode, i))
+        else:
+            self._timed_once.discard((mode, i))
+        self._medians[mode][i] = statistics.median_low(samples)
+        self._update_costs(mode)
+
+    def _update_costs(self, mode: int) -> None:
+        """Each bucket's median, at most the lowest cost above it where one step
+        only timed the bucket."""
+        costs = self._seconds[mode]
+        lowest_above: Optional[float] = None
+        for i in reversed(range(len(costs))):
+            cost = self._medians[mode][i]
+            if (mode, i) in self._timed_once and lowest_above is not None:
+                cost = min(cost, lowest_above)
+            if cost is not None:
+                lowest_above = cost if lowest_above is None else min(cost, lowest_above)
+            costs[i] = cost
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {

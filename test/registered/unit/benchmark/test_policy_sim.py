@@ -363,6 +363,28 @@ class TestSimulate(CustomTestCase):
         table = auto.policy.get_state()["step_costs_seconds"]
         self.assertEqual(table["3"][8], 0.050)
 
+    def test_a_stall_at_the_first_speculative_step_at_a_bucket_is_outlived(self):
+        # dense32b-32l on an H100 (results/2026-12-06-bs-h100-dense32b-32l-p0.95):
+        # the first speculative step timed in bucket 32 took 102 ms, the others
+        # 25 ms; the policy would have run plain there for good, at half the rate.
+        costs = {PLAIN: {32: 0.0137, 64: 0.0154}, 3: {32: 0.025, 64: 0.0467}}
+        env = sim.Environment(
+            costs,
+            [(0.0, fit_chain_acceptance(3.8, 3))],
+            step_times={
+                (3, 32): ([0.1 * i for i in range(20)], [0.102] + [0.025] * 19)
+            },
+        )
+        phases = [(64, 1.0), (28, 2.0)]
+        rate = {
+            p: sim.simulate(sim.make_policy(p, env), env, phases, True)[
+                "tokens_per_second"
+            ]
+            for p in ("nospec", "always", "auto")
+        }
+        self.assertGreater(rate["always"], 1.5 * rate["nospec"])
+        self.assertGreaterEqual(rate["auto"], 0.97 * rate["always"])
+
     def test_hard_first_requests_do_not_keep_auto_plain_at_a_larger_batch(self):
         # FA3 on one H100 at batches 1 to 64 (the first speculative steps at batch 1
         # are cold: 12.75 ms). The first requests' drafts are hardly ever right for

@@ -178,6 +178,19 @@ class TestStepCosts(CustomTestCase):
             table.observe(3, 8, seconds)
         self.assertEqual(table.estimate(3, 8), 0.0066)
 
+    def test_a_bucket_costs_no_more_than_a_larger_measured_one(self):
+        # A stall in the only step timed at a bucket: the cost is batch 64's until
+        # a step there is timed at its usual speed.
+        table = costs_untimed_at(3, 32)
+        table.observe(3, 28, 0.102)
+        self.assertEqual(table.estimate(3, 32), 0.042)
+        self.assertEqual(table.estimate(3, 8), 0.019)
+        table.observe(3, 28, 0.027)
+        self.assertEqual(table.estimate(3, 32), 0.027)
+        table.observe(3, 64, 0.015)
+        self.assertEqual(table.estimate(3, 8), 0.015)
+        self.assertEqual(table.table()["3"][8], 0.015)
+
     def test_the_cost_follows_the_last_samples(self):
         table = StepCosts.unmeasured([PLAIN, 3], SIZES, window=3)
         for seconds in (0.010, 0.011, 0.012, 0.020, 0.021):
@@ -543,6 +556,18 @@ class TestThroughputPolicy(CustomTestCase):
         p = policy(table=table, min_dwell_steps=0)
         modes = [p.decide(128).num_steps for _ in range(50)]
         self.assertEqual(modes, [PLAIN] * 50)
+
+    def test_a_stall_in_a_buckets_only_timed_step_does_not_shut_speculation_out(
+        self,
+    ):
+        # dense32b-32l on an H100 (results/2026-12-06-bs-h100-dense32b-32l-p0.95):
+        # the one speculative step timed at batch 28, in a drain, took 102 ms
+        # (batch 64's took 47 ms), and every later drain ran plain there.
+        table = costs_untimed_at(3, 32)
+        table.observe(3, 28, 0.102)
+        p = policy(3.8, table, min_dwell_steps=0)
+        modes = [p.decide(28).num_steps for _ in range(50)]
+        self.assertEqual(modes, [3] * 50)
 
     def test_picks_the_best_step_count(self):
         table = StepCosts(
