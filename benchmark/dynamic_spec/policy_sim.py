@@ -96,7 +96,7 @@ class Environment:
         ``REPLAYED_NEIGHBOURS`` steps of this mode and bucket recorded nearest it
         (the cost table's time where none were). The ``first`` step of a mode at
         a bucket costs at least what the first one timed there took: first steps at
-        a new batch size can stall (~100 ms in the recorded runs)."""
+        a new batch size can stall."""
         if (num_steps, bucket) not in self.step_times:
             return self.costs[num_steps][bucket]
         times, seconds = self.step_times[(num_steps, bucket)]
