@@ -441,11 +441,16 @@ class _Auto:
             self._time_every_bucket(env)
 
     def _time_every_bucket(self, env: Environment) -> None:
+        """Give the policy the charged costs as a profile (a bucket timed once
+        would be capped by a larger one's cost, not priced at what it is charged)."""
         charged = env.charged_costs()
         costs = self.policy.policy.costs
-        for mode in costs.modes:
-            for batch_size in costs.batch_sizes:
-                costs.observe(mode, batch_size, charged.estimate(mode, batch_size))
+        self.policy.policy.costs = StepCosts(
+            {
+                mode: {bs: charged.estimate(mode, bs) for bs in costs.batch_sizes}
+                for mode in costs.modes
+            }
+        )
 
     def decide(self, batch_size: int) -> int:
         self.batch.size = batch_size

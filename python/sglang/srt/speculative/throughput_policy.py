@@ -11,8 +11,9 @@ a dwell so that a batch at the crossover does not flip every step.
   there: decode steps timed alone (steps with a prefill in them are not fed), or
   with TP the ranks' mean of their low medians over a fold. Times measured while
   serving price attention at the context lengths actually served, which a replay
-  of the captured graphs (at their capture-time lengths) would not. A bucket not
-  timed yet costs the lower bound its timed neighbours give.
+  of the captured graphs (at their capture-time lengths) would not. A bucket timed
+  once costs at most what a larger one costs; a bucket not timed yet costs the
+  lower bound its timed neighbours give.
 * ``AcceptanceEstimate``: ``E[accept length | m]`` observed over speculative steps
   (an EMA per step count); step counts not observed yet, or not for a while, are
   predicted from the per-token acceptance of a chain fitted to the freshest one
@@ -112,12 +113,12 @@ class StepCosts:
     low median of its last ``window`` samples. Step times are noisy upwards (a first
     step at a new size, a host stall such as a garbage collection): the median
     keeps slow steps from setting a bucket's cost, and the low one does so even with
-    two samples, where a median would be their mean. A bucket timed by one step
-    only costs at most what a larger measured one costs: that step may have caught
-    a stall, and a mode it priced out would not run there again to be timed. A
-    bucket without samples is priced from its neighbours (``_lower_bound``). A
-    bucket ``restart``-ed keeps its cost until its next sample, which then starts
-    its window afresh."""
+    two samples, where a median would be their mean. A bucket timed once (since its
+    start or its last ``restart``) costs at most what a larger measured one costs:
+    that sample may have caught a stall, and a mode it priced out would not run
+    there again to be timed. A bucket without samples is priced from its neighbours
+    (``_lower_bound``). A bucket ``restart``-ed keeps its cost until its next
+    sample, which then starts its window afresh."""
 
     def __init__(
         self,
@@ -129,8 +130,9 @@ class StepCosts:
         sizes = {tuple(sorted(by_bs)) for by_bs in profile.values()}
         if len(sizes) != 1 or not next(iter(sizes)):
             raise ValueError("the step costs need every mode at the same batch sizes")
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+        if window < 2:
+            # A window of one sample would leave every bucket timed once, for good.
+            raise ValueError(f"window must be >= 2, got {window}")
         self.batch_sizes: List[int] = list(next(iter(sizes)))
         self._samples: Dict[int, List[Deque[float]]] = {
             mode: [

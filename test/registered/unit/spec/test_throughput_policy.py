@@ -197,7 +197,7 @@ class TestStepCosts(CustomTestCase):
             table.observe(PLAIN, 64, seconds)
         self.assertEqual(table.estimate(PLAIN, 64), 0.020)
         with self.assertRaises(ValueError):
-            StepCosts.unmeasured([PLAIN, 3], SIZES, window=0)
+            StepCosts.unmeasured([PLAIN, 3], SIZES, window=1)
 
     def test_a_restarted_bucket_keeps_its_cost_until_its_next_sample(self):
         table = StepCosts.unmeasured([PLAIN, 3], SIZES)
