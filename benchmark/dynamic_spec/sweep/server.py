@@ -19,8 +19,12 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import psutil
 import requests
-from sglang.test.spec_engine_utils import cli_args, eagle3_args, running_server
-from sglang.test.synthetic_spec_models import tokenizer_dir
+from sglang.test.spec_engine_utils import (
+    cli_args,
+    eagle3_args,
+    running_server,
+    with_synthetic_tokenizer,
+)
 from sweep.client import PromptSource
 from sweep.configs import Config, pristine_upstream
 from sweep.loops import closed_loop, run_load
@@ -199,8 +203,9 @@ def serving(
     if config.adaptive_config is not None:
         launch["adaptive_config"] = config.adaptive_config
     wait_gpu_idle()
-    server_args = config_server_args(args, config, draft)
-    server_args += ["--tokenizer-path", tokenizer_dir(target)]
+    server_args = with_synthetic_tokenizer(
+        target, config_server_args(args, config, draft)
+    )
     with running_server(
         target, server_args, env=env, base_url=args.url, log_path=log_path
     ) as (_, process):

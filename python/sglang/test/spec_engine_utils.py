@@ -237,6 +237,22 @@ def plain_step_tokens(meta: dict) -> int:
 LEAK_CHECK_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1"}
 
 
+def with_synthetic_tokenizer(model_path: str, server_args: Sequence[str]) -> List[str]:
+    """``server_args`` plus ``--tokenizer-path`` to the tokenizer directory of a
+    synthetic target (``synthetic_spec_models.tokenizer_dir``: a qwen2 target's own
+    directory would encode the server's warm-up text to no token), unless they name
+    a tokenizer already or ``model_path`` is not a synthetic target."""
+    from sglang.test.synthetic_spec_models import SPEC_FILE, tokenizer_dir
+
+    args = list(server_args)
+    pair_dir = os.path.dirname(os.path.abspath(model_path))
+    if "--tokenizer-path" not in args and os.path.isfile(
+        os.path.join(pair_dir, SPEC_FILE)
+    ):
+        args += ["--tokenizer-path", tokenizer_dir(model_path)]
+    return args
+
+
 @contextlib.contextmanager
 def running_server(
     model_path: str,
@@ -249,8 +265,9 @@ def running_server(
 
     On a free port unless ``base_url`` is given, so that tests can run side by side.
     Launched through the interpreter rather than the ``sglang`` console script so that
-    it also runs from a source tree on PYTHONPATH. ``log_path``: write the server's
-    output there instead of to this process's stdout and stderr.
+    it also runs from a source tree on PYTHONPATH. A synthetic target is served with
+    its tokenizer directory (``with_synthetic_tokenizer``). ``log_path``: write the
+    server's output there instead of to this process's stdout and stderr.
     """
     from urllib.parse import urlparse
 
@@ -267,7 +284,8 @@ def running_server(
         base_url = f"http://127.0.0.1:{port}"
     url = urlparse(base_url)
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
-    command += ["--host", url.hostname, "--port", str(url.port), *other_args]
+    command += ["--host", url.hostname, "--port", str(url.port)]
+    command += with_synthetic_tokenizer(model_path, other_args)
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(log_path, "w")) if log_path else None
         process = subprocess.Popen(

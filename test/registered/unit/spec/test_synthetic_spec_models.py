@@ -664,6 +664,21 @@ class TestOtherArchitectures(CustomTestCase):
                     tokenizer.encode("The capital city of France is"), [0] * 6
                 )
 
+    def test_servers_of_a_synthetic_target_get_its_tokenizer_dir(self) -> None:
+        from sglang.test.spec_engine_utils import with_synthetic_tokenizer
+
+        with tempfile.TemporaryDirectory() as out:
+            target_dir, draft_dir = ssm.generate("tiny", out, draft_accept=0.9, seed=1)
+            self.assertEqual(
+                with_synthetic_tokenizer(target_dir, ["--tp", "1"]),
+                ["--tp", "1", "--tokenizer-path", ssm.tokenizer_dir(target_dir)],
+            )
+            named = ["--tokenizer-path", "/elsewhere"]
+            self.assertEqual(with_synthetic_tokenizer(target_dir, named), named)
+            # A model directory outside a synthetic pair keeps its own tokenizer.
+            os.remove(os.path.join(out, ssm.SPEC_FILE))
+            self.assertEqual(with_synthetic_tokenizer(target_dir, []), [])
+
 
 if __name__ == "__main__":
     unittest.main()
