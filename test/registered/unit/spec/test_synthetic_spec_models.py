@@ -668,7 +668,7 @@ class TestOtherArchitectures(CustomTestCase):
         from sglang.test.spec_engine_utils import with_synthetic_tokenizer
 
         with tempfile.TemporaryDirectory() as out:
-            target_dir, draft_dir = ssm.generate("tiny", out, draft_accept=0.9, seed=1)
+            target_dir, _ = ssm.generate("tiny", out, draft_accept=0.9, seed=1)
             self.assertEqual(
                 with_synthetic_tokenizer(target_dir, ["--tp", "1"]),
                 ["--tp", "1", "--tokenizer-path", ssm.tokenizer_dir(target_dir)],
