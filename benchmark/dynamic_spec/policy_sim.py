@@ -239,12 +239,17 @@ def step_wall_times(records: Sequence[dict]) -> Dict[str, object]:
 # calibration, a dwell), timed until this many decisions after the return.
 MAX_ROUND_TRIP = 16
 ROUND_TRIP_TAIL = 2
+# A gap between two of its decisions this many times the modes' usual step: the
+# server idled in between (a request finished and the next one came at the same
+# batch size), which is not the switch's cost.
+ROUND_TRIP_IDLE_GAP = 4
 
 
 def switch_seconds(records: Sequence[dict]) -> float:
     """What one switch between plain and speculative steps costs beyond the usual
     steps of the modes decided, from the trace's round trips at one batch size (no
-    prefill or finish in them): half the median round trip's excess, none below 0.
+    prefill, finish or idle time in them): half the median round trip's excess,
+    none below 0.
 
     Under the overlap scheduler the gap from a decision to the next is the time of an
     earlier step, so a single switch's excess cannot be told from the other mode's
@@ -271,9 +276,12 @@ def switch_seconds(records: Sequence[dict]) -> float:
             continue
         bucket = bucket_of(decisions[k]["batch_size"])
         keys = [("spec" if speculative[i] else "plain", bucket) for i in range(k, end)]
-        if all(key in usual for key in keys):
-            wall = decisions[end]["t"] - decisions[k]["t"]
-            excess.append(wall - sum(usual[key] for key in keys))
+        if not all(key in usual for key in keys):
+            continue
+        gaps = [decisions[i + 1]["t"] - decisions[i]["t"] for i in range(k, end)]
+        if max(gaps) > ROUND_TRIP_IDLE_GAP * max(usual[key] for key in keys):
+            continue
+        excess.append(sum(gaps) - sum(usual[key] for key in keys))
     return max(0.0, statistics.median(excess)) / 2 if excess else 0.0
 
 

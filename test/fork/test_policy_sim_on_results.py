@@ -60,6 +60,11 @@ WAVES_TRACE = run_trace("2026-12-04-nospread-llama8b-p0.95")
 # easy prompts followed by hard ones
 # (results/2026-12-05-shift64-fa3-llama8b-p0.95-0.3/NOTES.md).
 CONTENT_SHIFT_64_TRACE = run_trace("2026-12-05-shift64-fa3-llama8b-p0.95-0.3")
+# 256 clients on the dense32b-32l preset on one H100, where no speculation wins: the
+# only probe of plain steps at one batch size came at batch 1, with the server idle
+# for 1.15 s in it between two points
+# (results/2026-12-06-bs-h100-dense32b-32l-c256-p0.95/NOTES.md).
+IDLE_PROBE_TRACE = run_trace("2026-12-06-bs-h100-dense32b-32l-c256-p0.95/d3b")
 
 
 def replay(path: str, policies, replay_step_times: bool = False) -> dict:
@@ -137,6 +142,12 @@ class TestPolicySimOnBenchmarkRuns(CustomTestCase):
                 self.assertGreaterEqual(
                     rate["auto"], max(rate["nospec"], rate["always"])
                 )
+
+    def test_a_switch_is_not_charged_the_servers_idle_time(self):
+        # Charged to every switch as their cost, that idle time put auto at 0.76x.
+        rate = replay(IDLE_PROBE_TRACE, ("nospec", "always", "auto"))
+        best_static = max(rate["nospec"], rate["always"])
+        self.assertGreaterEqual(rate["auto"], 0.97 * best_static)
 
     def test_cli_on_a_trace_says_what_a_switch_is_charged(self):
         out = io.StringIO()

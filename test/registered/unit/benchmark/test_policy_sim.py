@@ -177,6 +177,18 @@ class TestEnvironment(CustomTestCase):
         median = sim.step_wall_times(trace)["median_ms"]
         self.assertAlmostEqual(median["plain after a switch"], 15.0)
 
+    def test_a_round_trip_with_the_server_idle_in_it_prices_no_switch(self):
+        # A probe of 4 plain steps from speculative ones at batch 1, in which the
+        # request finished and the next one came 1 s later, at the same batch size.
+        modes = [3] * 20 + [0] * 4 + [3] * 20
+        t, trace = 0.0, []
+        for i, mode in enumerate(modes):
+            trace.append(decision(mode, t))
+            t += 0.005 if i > 0 and modes[i - 1] == 0 else 0.012
+            if i == 22:
+                t += 1.0
+        self.assertAlmostEqual(sim.switch_seconds(trace), 0.0)
+
     def test_steps_are_compared_within_their_batch_bucket(self):
         # Switches that cost nothing, at batch 8 (plain 5 ms, spec 12 ms) and 128
         # (plain 20 ms, spec 60 ms): neither excess nor long gaps.
