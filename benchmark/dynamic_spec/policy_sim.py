@@ -241,8 +241,8 @@ MAX_ROUND_TRIP = 16
 ROUND_TRIP_TAIL = 2
 # A gap between two of its decisions this many times the modes' usual step: the
 # server idled in between (a request finished and the next one came at the same
-# batch size), which is not the switch's cost.
-ROUND_TRIP_IDLE_GAP = 4
+# batch size), which is not the switch's cost. Slow steps stay under it.
+ROUND_TRIP_IDLE_GAP = 32
 
 
 def switch_seconds(records: Sequence[dict]) -> float:

@@ -43,7 +43,10 @@ class TestReadmeServeCommand(CustomTestCase):
                 serve_args[:i] + serve_args[i + 2 :],
             )
             token_map = next_token_map(out)
-            with running_server(model_path, other_args) as (base_url, process):
+            with running_server(model_path, other_args, synthetic_tokenizer=False) as (
+                base_url,
+                process,
+            ):
                 # A lone request speculates; 24 at once (>= the threshold 16) run plain.
                 for num in (1, 24):
                     prompts = random_prompts(num, 16, len(token_map), seed=num)

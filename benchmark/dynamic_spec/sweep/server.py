@@ -203,6 +203,7 @@ def serving(
     if config.adaptive_config is not None:
         launch["adaptive_config"] = config.adaptive_config
     wait_gpu_idle()
+    # Here as well as in running_server, so that the record shows the flag.
     server_args = with_synthetic_tokenizer(
         target, config_server_args(args, config, draft)
     )

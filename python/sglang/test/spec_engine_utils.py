@@ -245,10 +245,9 @@ def with_synthetic_tokenizer(model_path: str, server_args: Sequence[str]) -> Lis
     from sglang.test.synthetic_spec_models import SPEC_FILE, tokenizer_dir
 
     args = list(server_args)
+    named = any(a.split("=")[0] == "--tokenizer-path" for a in args)
     pair_dir = os.path.dirname(os.path.abspath(model_path))
-    if "--tokenizer-path" not in args and os.path.isfile(
-        os.path.join(pair_dir, SPEC_FILE)
-    ):
+    if not named and os.path.isfile(os.path.join(pair_dir, SPEC_FILE)):
         args += ["--tokenizer-path", tokenizer_dir(model_path)]
     return args
 
@@ -260,14 +259,16 @@ def running_server(
     env: Optional[Dict[str, str]] = None,
     base_url: Optional[str] = None,
     log_path: Optional[str] = None,
+    synthetic_tokenizer: bool = True,
 ) -> Iterator[Tuple[str, "subprocess.Popen"]]:
     """``python -m sglang.launch_server``, healthy on entry, killed on exit.
 
     On a free port unless ``base_url`` is given, so that tests can run side by side.
     Launched through the interpreter rather than the ``sglang`` console script so that
     it also runs from a source tree on PYTHONPATH. A synthetic target is served with
-    its tokenizer directory (``with_synthetic_tokenizer``). ``log_path``: write the
-    server's output there instead of to this process's stdout and stderr.
+    its tokenizer directory (``with_synthetic_tokenizer``) unless
+    ``synthetic_tokenizer`` is False. ``log_path``: write the server's output there
+    instead of to this process's stdout and stderr.
     """
     from urllib.parse import urlparse
 
@@ -285,7 +286,9 @@ def running_server(
     url = urlparse(base_url)
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
     command += ["--host", url.hostname, "--port", str(url.port)]
-    command += with_synthetic_tokenizer(model_path, other_args)
+    if synthetic_tokenizer:
+        other_args = with_synthetic_tokenizer(model_path, other_args)
+    command += other_args
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(log_path, "w")) if log_path else None
         process = subprocess.Popen(

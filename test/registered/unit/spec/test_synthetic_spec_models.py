@@ -673,8 +673,8 @@ class TestOtherArchitectures(CustomTestCase):
                 with_synthetic_tokenizer(target_dir, ["--tp", "1"]),
                 ["--tp", "1", "--tokenizer-path", ssm.tokenizer_dir(target_dir)],
             )
-            named = ["--tokenizer-path", "/elsewhere"]
-            self.assertEqual(with_synthetic_tokenizer(target_dir, named), named)
+            for named in (["--tokenizer-path", "/mine"], ["--tokenizer-path=/mine"]):
+                self.assertEqual(with_synthetic_tokenizer(target_dir, named), named)
             # A model directory outside a synthetic pair keeps its own tokenizer.
             os.remove(os.path.join(out, ssm.SPEC_FILE))
             self.assertEqual(with_synthetic_tokenizer(target_dir, []), [])
