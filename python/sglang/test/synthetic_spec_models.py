@@ -1068,6 +1068,7 @@ def main() -> None:
     )
     print(f"target: {target_dir}")
     print(f"draft: {draft_dir}")
+    print(f"tokenizer: {tokenizer_dir(target_dir)} (serve with --tokenizer-path)")
     for p in region_acceptances(args.draft_accept):
         print(
             f"P={p}: expected accept length "
