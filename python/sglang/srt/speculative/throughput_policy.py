@@ -114,10 +114,11 @@ class StepCosts:
     step at a new size, a host stall such as a garbage collection): the median
     keeps slow steps from setting a bucket's cost, and the low one does so even with
     two samples, where a median would be their mean. A bucket timed once (since its
-    start or its last ``restart``) costs at most what a larger measured one costs:
-    that sample may have caught a stall, and a mode it priced out would not run
-    there again to be timed. A bucket without samples is priced from its neighbours
-    (``_lower_bound``). A bucket ``restart``-ed keeps its cost until its next
+    start or its last ``restart``) costs at most what a larger measured one costs,
+    and at most its batch size times a smaller one's time per request: that sample
+    may have caught a stall, and a mode it priced out would not run there again to
+    be timed (nor, priced from it, at the buckets above). A bucket without samples
+    is priced from its neighbours (``_lower_bound``). A bucket ``restart``-ed keeps its cost until its next
     sample, which then starts its window afresh."""
 
     def __init__(
@@ -230,17 +231,24 @@ class StepCosts:
         self._update_costs(mode)
 
     def _update_costs(self, mode: int) -> None:
-        """Each bucket's median, at most the lowest cost above it where one step
-        only timed the bucket."""
-        costs = self._seconds[mode]
-        lowest_above: Optional[float] = None
-        for i in reversed(range(len(costs))):
-            cost = self._medians[mode][i]
-            if (mode, i) in self._timed_once and lowest_above is not None:
-                cost = min(cost, lowest_above)
-            if cost is not None:
-                lowest_above = cost if lowest_above is None else min(cost, lowest_above)
-            costs[i] = cost
+        """Each bucket's median, at most what the other buckets bound it to where one
+        step only timed the bucket."""
+        medians = self._medians[mode]
+        for i, median in enumerate(medians):
+            if median is not None and (mode, i) in self._timed_once:
+                median = min([median, *self._upper_bounds(medians, i)])
+            self._seconds[mode][i] = median
+
+    def _upper_bounds(self, medians: List[Optional[float]], i: int) -> List[float]:
+        """What the measured buckets say bucket ``i`` costs at most: what any larger
+        one costs, and its batch size times any smaller one's time per request (a
+        step costs no less at a larger batch, and no more per request)."""
+        size = self.batch_sizes[i]
+        return [
+            seconds if j > i else seconds * size / self.batch_sizes[j]
+            for j, seconds in enumerate(medians)
+            if j != i and seconds is not None
+        ]
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {

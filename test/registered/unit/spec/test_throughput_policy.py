@@ -69,6 +69,21 @@ def settled_acceptance(accept_length: float) -> AcceptanceEstimate:
     return estimate
 
 
+def first_server_costs() -> StepCosts:
+    """Step costs as an H100 server learned them (llama8b, triton): speculation
+    timed at every bucket, plain steps up to batch 64, and once at 128, in a step
+    that caught a stall."""
+    table = StepCosts.unmeasured([PLAIN, 3], SIZES)
+    for bs, seconds in zip(SIZES, [0.0066, 0.0070, 0.0074, 0.0090]):
+        table.observe(PLAIN, bs, seconds)
+        table.observe(PLAIN, bs, seconds)
+    for bs, seconds in zip(SIZES, [0.0092, 0.0110, 0.0197, 0.0351, 0.0673, 0.1277]):
+        table.observe(3, bs, seconds)
+        table.observe(3, bs, seconds)
+    table.observe(PLAIN, 128, 0.0756)
+    return table
+
+
 def costs_untimed_at(mode: int, batch_size: int) -> StepCosts:
     """The fixture's step costs, every one timed but ``mode``'s at ``batch_size``."""
     table = StepCosts.unmeasured([PLAIN, 3], SIZES)
@@ -190,6 +205,16 @@ class TestStepCosts(CustomTestCase):
         table.observe(3, 64, 0.015)
         self.assertEqual(table.estimate(3, 8), 0.015)
         self.assertEqual(table.table()["3"][8], 0.015)
+
+    def test_a_bucket_timed_once_costs_no_more_per_request_than_a_smaller_one(self):
+        # The first plain step at batch 128 waited for a Triton compile (75.6 ms;
+        # batch 64's took 9 ms), and no larger plain bucket was timed to cap it.
+        table = first_server_costs()
+        self.assertAlmostEqual(table.estimate(PLAIN, 128), 0.018)  # 64's, x 2
+        self.assertAlmostEqual(table.estimate(PLAIN, 256), 0.018)  # at least 128's
+        table.observe(PLAIN, 128, 0.0119)  # the low median of the two
+        self.assertEqual(table.estimate(PLAIN, 128), 0.0119)
+        self.assertEqual(table.estimate(PLAIN, 256), 0.0119)
 
     def test_the_cost_follows_the_last_samples(self):
         table = StepCosts.unmeasured([PLAIN, 3], SIZES, window=3)
@@ -568,6 +593,20 @@ class TestThroughputPolicy(CustomTestCase):
         p = policy(3.8, table, min_dwell_steps=0)
         modes = [p.decide(28).num_steps for _ in range(50)]
         self.assertEqual(modes, [3] * 50)
+
+    def test_a_stall_in_a_buckets_only_timed_plain_step_does_not_lock_speculation_in(
+        self,
+    ):
+        # llama8b on an H100 with a fresh Triton cache
+        # (results/2026-12-06-stalls-h100-llama8b-p0.95): priced from that one step,
+        # plain steps lost to speculation at batch 128 and, by the lower bound, at
+        # 256, where they were never timed; the server speculated at 0.70x of its
+        # throughput with plain steps at C=256.
+        p = policy(
+            chain_accept_length(0.95, 3), first_server_costs(), min_dwell_steps=0
+        )
+        modes = [p.decide(256).num_steps for _ in range(50)]
+        self.assertEqual(modes, [PLAIN] * 50)
 
     def test_picks_the_best_step_count(self):
         table = StepCosts(
