@@ -74,6 +74,11 @@ PLAIN = 0
 
 # Samples in a bucket's median step time.
 COST_WINDOW = 8
+# How many times what a smaller bucket's time per request gives a bucket's only timed
+# step must take to count as a stall: first steps that waited for a kernel's compile
+# took 2.7-5.6x (llama8b, H100); near 1x, capping would move the bucket's cost with
+# the smaller bucket's noise.
+STALL_FACTOR = 2.0
 
 # Decision reasons (a metric label, as the thresholds' are); with REASON_DWELL: another
 # mode is better, but the dwell has not elapsed.
@@ -115,10 +120,11 @@ class StepCosts:
     keeps slow steps from setting a bucket's cost, and the low one does so even with
     two samples, where a median would be their mean. A bucket timed once (since its
     start or its last ``restart``) costs at most what a larger measured one costs,
-    and at most its batch size times a smaller one's time per request: that sample
-    may have caught a stall, and a mode it priced out would not run there again to
-    be timed (nor, priced from it, at the buckets above). A bucket without samples
-    is priced from its neighbours (``_lower_bound``). A bucket ``restart``-ed keeps its cost until its next
+    and where it took far more than its batch size times a smaller one's time per
+    request, that (``_capped``): that sample may have caught a stall, and a mode it
+    priced out would not run there again to be timed (nor, priced from it, at the
+    buckets above). A bucket without samples is priced from its neighbours
+    (``_lower_bound``). A bucket ``restart``-ed keeps its cost until its next
     sample, which then starts its window afresh."""
 
     def __init__(
@@ -231,24 +237,33 @@ class StepCosts:
         self._update_costs(mode)
 
     def _update_costs(self, mode: int) -> None:
-        """Each bucket's median, at most what the other buckets bound it to where one
-        step only timed the bucket."""
+        """Each bucket's median; where one step only timed the bucket, capped
+        (``_capped``)."""
         medians = self._medians[mode]
         for i, median in enumerate(medians):
             if median is not None and (mode, i) in self._timed_once:
-                median = min([median, *self._upper_bounds(medians, i)])
+                median = self._capped(medians, i)
             self._seconds[mode][i] = median
 
-    def _upper_bounds(self, medians: List[Optional[float]], i: int) -> List[float]:
-        """What the measured buckets say bucket ``i`` costs at most: what any larger
-        one costs, and its batch size times any smaller one's time per request (a
-        step costs no less at a larger batch, and no more per request)."""
+    def _capped(self, medians: List[Optional[float]], i: int) -> float:
+        """The cost of bucket ``i``, timed by one step: at most what a larger
+        measured bucket costs (a step costs no less at a larger batch), and what a
+        smaller one's time per request gives at its size where the step took over
+        ``STALL_FACTOR`` times that (a step costs no more per request at a larger
+        batch)."""
+        cost = min(seconds for seconds in medians[i:] if seconds is not None)
         size = self.batch_sizes[i]
-        return [
-            seconds if j > i else seconds * size / self.batch_sizes[j]
-            for j, seconds in enumerate(medians)
-            if j != i and seconds is not None
-        ]
+        per_request_bound = min(
+            (
+                seconds * size / batch_size
+                for seconds, batch_size in zip(medians[:i], self.batch_sizes)
+                if seconds is not None
+            ),
+            default=None,
+        )
+        if per_request_bound is not None and cost > STALL_FACTOR * per_request_bound:
+            return per_request_bound
+        return cost
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {

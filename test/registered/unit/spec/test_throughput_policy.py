@@ -216,6 +216,15 @@ class TestStepCosts(CustomTestCase):
         self.assertEqual(table.estimate(PLAIN, 128), 0.0119)
         self.assertEqual(table.estimate(PLAIN, 256), 0.0119)
 
+    def test_a_bucket_timed_once_near_its_per_request_bound_keeps_its_time(self):
+        # A speculative step at batch 128 costs about twice one at 64: capping it at
+        # twice 64's cost would move it with 64's noise, about a crossover.
+        table = StepCosts.unmeasured([PLAIN, 3], SIZES)
+        table.observe(3, 64, 0.0227)
+        table.observe(3, 64, 0.0227)
+        table.observe(3, 128, 0.0460)
+        self.assertEqual(table.estimate(3, 128), 0.0460)
+
     def test_the_cost_follows_the_last_samples(self):
         table = StepCosts.unmeasured([PLAIN, 3], SIZES, window=3)
         for seconds in (0.010, 0.011, 0.012, 0.020, 0.021):
