@@ -120,10 +120,10 @@ class StepCosts:
     keeps slow steps from setting a bucket's cost, and the low one does so even with
     two samples, where a median would be their mean. A bucket timed once (since its
     start or its last ``restart``) costs at most what a larger measured one costs,
-    and where it took far more than its batch size times a smaller one's time per
-    request, that (``_capped``): that sample may have caught a stall, and a mode it
-    priced out would not run there again to be timed (nor, priced from it, at the
-    buckets above). A bucket without samples is priced from its neighbours
+    and, where it took far more than its batch size times a smaller one's time per
+    request, at most that (``_capped``): that sample may have caught a stall, and a
+    mode it priced out would not run there again to be timed (nor, priced from it,
+    at the buckets above). A bucket without samples is priced from its neighbours
     (``_lower_bound``). A bucket ``restart``-ed keeps its cost until its next
     sample, which then starts its window afresh."""
 
@@ -247,10 +247,10 @@ class StepCosts:
 
     def _capped(self, medians: List[Optional[float]], i: int) -> float:
         """The cost of bucket ``i``, timed by one step: at most what a larger
-        measured bucket costs (a step costs no less at a larger batch), and what a
-        smaller one's time per request gives at its size where the step took over
-        ``STALL_FACTOR`` times that (a step costs no more per request at a larger
-        batch)."""
+        measured bucket costs (a step costs no less at a larger batch), and at most
+        what a smaller one's time per request gives at its size where the step took
+        over ``STALL_FACTOR`` times that (a step costs no more per request at a
+        larger batch)."""
         cost = min(seconds for seconds in medians[i:] if seconds is not None)
         size = self.batch_sizes[i]
         per_request_bound = min(
@@ -261,8 +261,11 @@ class StepCosts:
             ),
             default=None,
         )
-        if per_request_bound is not None and cost > STALL_FACTOR * per_request_bound:
-            return per_request_bound
+        if (
+            per_request_bound is not None
+            and medians[i] > STALL_FACTOR * per_request_bound
+        ):
+            return min(cost, per_request_bound)
         return cost
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:

@@ -216,6 +216,14 @@ class TestStepCosts(CustomTestCase):
         self.assertEqual(table.estimate(PLAIN, 128), 0.0119)
         self.assertEqual(table.estimate(PLAIN, 256), 0.0119)
 
+    def test_a_stall_is_priced_at_the_per_request_bound_below_a_larger_buckets_cost(
+        self,
+    ):
+        table = first_server_costs()
+        table.observe(PLAIN, 256, 0.030)
+        table.observe(PLAIN, 256, 0.030)
+        self.assertAlmostEqual(table.estimate(PLAIN, 128), 0.018)
+
     def test_a_bucket_timed_once_near_its_per_request_bound_keeps_its_time(self):
         # A speculative step at batch 128 costs about twice one at 64: capping it at
         # twice 64's cost would move it with 64's noise, about a crossover.
