@@ -651,10 +651,9 @@ class LoadAwarePlainStep:
         """Whether this prefill writes only its draft KV: while plain steps run
         (a KV-only one ran since the last speculative step), the draft's proposal
         at the prompt's end is needed only if speculation resumes, and ``resume``
-        computes it then. While speculating, the next step needs that proposal:
-        ``resume`` would then run after every prefill, over the whole batch, and
-        cost what the KV-only write saves. Not for multimodal inputs, whose draft
-        embeddings the target hands over."""
+        computes it then. While speculating, the next step needs that proposal at
+        once: ``resume`` would run after every prefill, over the whole batch. Not
+        for multimodal inputs, whose draft embeddings the target hands over."""
         return (
             self.draft_catch_up.resume_pending
             and not batch.forward_mode.is_idle()
