@@ -75,9 +75,9 @@ PLAIN = 0
 # Samples in a bucket's median step time.
 COST_WINDOW = 8
 # How many times what a smaller bucket's time per request gives a bucket's only timed
-# step must take to count as a stall: first steps that waited for a kernel's compile
-# took 2.7-5.6x (llama8b, H100); near 1x, capping would move the bucket's cost with
-# the smaller bucket's noise.
+# step must take to count as a stall: a step that waited (for a kernel's compile, or
+# behind a burst of request handling) takes several times that; near 1x, capping would
+# move the bucket's cost with the smaller bucket's noise.
 STALL_FACTOR = 2.0
 
 # Decision reasons (a metric label, as the thresholds' are); with REASON_DWELL: another
