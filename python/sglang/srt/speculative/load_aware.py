@@ -69,6 +69,7 @@ from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
     DecodeCudaGraphRunner,
 )
 from sglang.srt.runtime_context import get_spec
+from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
 from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
@@ -640,6 +641,29 @@ class LoadAwarePlainStep:
             )
         self._feed_zero_step_tier(bs)
         return result
+
+    def zero_step_runtime_state(self) -> SpecRuntimeState:
+        """The adaptive runtime state at 0 draft steps, whose decode steps this
+        plain step runs. Plain steps run on whichever state is installed, so this
+        one shares the installed (launch) state's attention backends; it builds
+        no verify or draft graphs of its own, which would never replay."""
+        draft_worker = self.worker.draft_worker
+        target_runner = self.worker.target_worker.model_runner
+        log_info_on_rank0(
+            logger,
+            "Adaptive runtime state steps=0: run by the load-aware plain step, "
+            "no graphs of its own.",
+        )
+        return SpecRuntimeState(
+            speculative_num_steps=0,
+            speculative_num_draft_tokens=1,
+            draft_attn_backend=draft_worker.draft_attn_backend,
+            cuda_graph_runner=None,
+            target_attn_backend=target_runner.attn_backend,
+            target_graph_runner=target_runner.decode_cuda_graph_runner,
+            draft_extend_attn_backend=draft_worker.draft_extend_attn_backend,
+            cuda_graph_runner_for_draft_extend=None,
+        )
 
     def get_state(self) -> Dict[str, int]:
         """For /server_info, beside the policy's state."""

@@ -678,9 +678,11 @@ class TestLoadAwareAutoAdaptiveRamp(ChainMixin, RampMixin, LoadAwareServerBase):
 class TestAdaptiveZeroDraftStepsRunThePlainStep(ChainMixin, LoadAwareServerBase):
     """--speculative-adaptive alone, with a tier at 0 draft steps from a running batch
     of 8: those steps are the plain step (DECODE graphs, KV-only draft catch-up), and
-    a lone request speculates again at full acceptance."""
+    a lone request speculates again at full acceptance. The tier's runtime state
+    captures no graphs of its own."""
 
     disable_threshold = None
+    server_log = os.path.join(tempfile.gettempdir(), "adaptive_zero_step_server.log")
 
     @classmethod
     def server_args(cls) -> List[str]:
@@ -700,6 +702,12 @@ class TestAdaptiveZeroDraftStepsRunThePlainStep(ChainMixin, LoadAwareServerBase)
     def tearDownClass(cls):
         super().tearDownClass()
         cls.adaptive_config.close()
+
+    def test_zero_step_state_builds_no_graphs(self):
+        with open(self.server_log) as log:
+            startup = log.read()
+        self.assertIn("Adaptive runtime state steps=0: run by the load-aware", startup)
+        self.assertNotIn("Built adaptive runtime state steps=0", startup)
 
     def test_zero_step_tier_runs_plain_steps_and_resumes(self):
         self.run_mixed_batch(16, seed=8)
