@@ -63,7 +63,12 @@ from sglang.srt.layers.moe.utils import (
     speculative_moe_a2a_backend_context,
     speculative_moe_backend_context,
 )
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
 from sglang.srt.model_executor.runner.base_cuda_graph_runner import freeze_gc
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
     DecodeCudaGraphRunner,
@@ -78,7 +83,6 @@ from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
 from sglang.srt.utils.common import fast_topk
 
 if TYPE_CHECKING:
-    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -161,6 +165,60 @@ def capture_accounted(
     return graphs
 
 
+@contextmanager
+def attributes_set(obj: object, **values: object) -> Iterator[None]:
+    """Set attributes of ``obj`` for the block, restoring what was installed."""
+    installed = {name: getattr(obj, name) for name in values}
+    for name, value in values.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in installed.items():
+            setattr(obj, name, value)
+
+
+class DecodeAttentionForOneTokenExtend(AttentionBackend):
+    """Runs the attention of a draft extend of one token per request through the
+    decode kernels of another backend instance: the extend kernels would tile a
+    single query row per request over the whole prefix.
+
+    Such an extend carries what a decode needs (``seq_lens`` counting the new
+    token, its KV slot in ``out_cache_loc``). The decode backend sees forward
+    mode DECODE (IDLE stays IDLE) and no spec_info (with spec_info, FA3 would
+    run the cascade attention of a draft tree); the draft model keeps reading
+    its hidden-state input from the forward batch's spec_info.
+    """
+
+    def __init__(self, decode_backend: AttentionBackend):
+        super().__init__()
+        self.decode_backend = decode_backend
+
+    @staticmethod
+    def as_decode(forward_batch: ForwardBatch) -> ForwardBatch:
+        as_decode = copy.copy(forward_batch)
+        if not forward_batch.forward_mode.is_idle():
+            as_decode.forward_mode = ForwardMode.DECODE
+        as_decode.spec_info = None
+        return as_decode
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        self.decode_backend.init_forward_metadata(self.as_decode(forward_batch))
+
+    def forward_extend(
+        self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs
+    ):
+        return self.decode_backend.forward_decode(
+            q,
+            k,
+            v,
+            layer,
+            self.as_decode(forward_batch),
+            save_kv_cache=save_kv_cache,
+            **kwargs,
+        )
+
+
 class TargetDecodeGraphs:
     """The DECODE attention backend and CUDA-graph family of a speculative target.
 
@@ -187,14 +245,12 @@ class TargetDecodeGraphs:
         """The model runner replays ``decode_cuda_graph_runner`` whenever it
         accepts the batch, whatever the forward mode: the verify runner must not
         see a DECODE batch. Restores what is installed (adaptive states swap it)."""
-        model_runner = self.model_runner
-        installed = model_runner.attn_backend, model_runner.decode_cuda_graph_runner
-        model_runner.attn_backend = self.attn_backend
-        model_runner.decode_cuda_graph_runner = self.graph_runner
-        try:
+        with attributes_set(
+            self.model_runner,
+            attn_backend=self.attn_backend,
+            decode_cuda_graph_runner=self.graph_runner,
+        ):
             yield
-        finally:
-            model_runner.attn_backend, model_runner.decode_cuda_graph_runner = installed
 
 
 def plain_steps_write_kv_only(draft_model: torch.nn.Module) -> bool:
@@ -318,7 +374,8 @@ class DraftCatchUp:
     steps then leave the next draft input pending (top-k probability -1) and
     ``resume`` runs the full one-token draft forward once, before the first
     speculative step after them. Other drafts run that forward on every plain
-    step: a one-token draft extend, the one upstream's 0-step adaptive tier runs.
+    step: a one-token draft extend, the one upstream's 0-step adaptive tier runs,
+    with decode attention (``DecodeAttentionForOneTokenExtend``).
     """
 
     def __init__(self, worker: EAGLEWorkerV2, graph_bs: Optional[Sequence[int]]):
@@ -337,6 +394,9 @@ class DraftCatchUp:
         self.num_correct_drafts = torch.zeros(max_bs, dtype=torch.int32, device=device)
         self.num_accept_tokens = torch.ones(max_bs, dtype=torch.int32, device=device)
         self.kv_only = plain_steps_write_kv_only(draft_runner.model)
+        self.one_token_attention = DecodeAttentionForOneTokenExtend(
+            fresh_attention_backend(draft_runner)
+        )
         # Whether a KV-only step may have left draft inputs pending.
         self.resume_pending = False
         self.num_prefills_kv_only = 0
@@ -542,7 +602,10 @@ class DraftCatchUp:
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,
         )
-        with self.draft_context():
+        with (
+            self.draft_context(),
+            attributes_set(self.draft_runner, attn_backend=self.one_token_attention),
+        ):
             forward_batch = prepare_for_draft_extend(
                 extend_input,
                 batch,

@@ -32,6 +32,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.load_aware import (
+    DecodeAttentionForOneTokenExtend,
     LoadAwarePlainStep,
     build_plain_step,
     fresh_attention_backend,
@@ -199,13 +200,24 @@ class DraftModelRunner(FakeModelRunner):
         self.token_to_kv_pool = "draft-kv-pool"
         self.tp_group = None
         self.events = events
+        # (backend, forward mode) of each init_forward_metadata.
         self.planned = []
-        self.attn_backend = SimpleNamespace(
-            init_forward_metadata=lambda fb: self.planned.append(fb.forward_mode)
+        self.draft_extend_backend = self.planning_backend("draft-extend-backend")
+        self.attn_backend = self.draft_extend_backend
+
+    def planning_backend(self, name: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            init_forward_metadata=lambda fb: self.planned.append(
+                (name, fb.forward_mode)
+            )
         )
 
+    def _get_attention_backend(self, init_new_workspace: bool = False):
+        self.init_new_workspace = init_new_workspace
+        return self.planning_backend("fresh-backend")
+
     def forward(self, forward_batch):
-        self.record(forward_batch)
+        self.record(forward_batch, attn_backend=self.attn_backend)
         self.events.append("draft")
         bs = forward_batch.batch_size
         logits = torch.zeros(bs, VOCAB)
@@ -400,7 +412,16 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
         self.assertEqual(
             draft_call["spec_info"].hidden_states[:, 0].tolist(), [1, 2, 3, 4]
         )
-        self.assertEqual(self.draft_runner.planned, [ForwardMode.DRAFT_EXTEND_V2])
+        # Its attention runs as a decode, on a backend instance of its own.
+        self.assertIs(
+            draft_call["attn_backend"], plain.draft_catch_up.one_token_attention
+        )
+        self.assertEqual(
+            self.draft_runner.planned, [("fresh-backend", ForwardMode.DECODE)]
+        )
+        self.assertIs(
+            self.draft_runner.attn_backend, self.draft_runner.draft_extend_backend
+        )
         nxt = result.next_draft_input
         self.assertEqual(nxt.topk_index[:, 0].tolist(), [3, 4, 5, 6])
         self.assertEqual(nxt.topk_index[:, 1].tolist(), [4, 5, 6, 7])
@@ -690,6 +711,41 @@ class TestPrefillPositionsAndLastRows(CustomTestCase):
         self.assertEqual(
             last_rows.tolist(), (start_loc + torch.tensor(extend_lens) - 1).tolist()
         )
+
+
+class TestDecodeAttentionForOneTokenExtend(CustomTestCase):
+    def test_the_decode_backend_sees_a_decode_without_spec_info(self):
+        seen = []
+
+        class RecordingDecodeBackend:
+            def init_forward_metadata(self, forward_batch):
+                seen.append(("plan", forward_batch))
+
+            def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache):
+                seen.append(("decode", forward_batch))
+                return q
+
+        spec_info = object()
+        extend = SimpleNamespace(
+            forward_mode=ForwardMode.DRAFT_EXTEND_V2, spec_info=spec_info
+        )
+        attention = DecodeAttentionForOneTokenExtend(RecordingDecodeBackend())
+        attention.init_forward_metadata(extend)
+        q = torch.ones(2, 4)
+        self.assertIs(attention.forward(q, q, q, None, extend), q)
+        self.assertEqual([call for call, _ in seen], ["plan", "decode"])
+        for _, forward_batch in seen:
+            self.assertEqual(forward_batch.forward_mode, ForwardMode.DECODE)
+            self.assertIsNone(forward_batch.spec_info)
+        # The model keeps reading its hidden-state input from the extend's.
+        self.assertEqual(extend.forward_mode, ForwardMode.DRAFT_EXTEND_V2)
+        self.assertIs(extend.spec_info, spec_info)
+
+    def test_an_idle_batch_stays_idle(self):
+        idle = SimpleNamespace(forward_mode=ForwardMode.IDLE, spec_info=object())
+        as_decode = DecodeAttentionForOneTokenExtend.as_decode(idle)
+        self.assertEqual(as_decode.forward_mode, ForwardMode.IDLE)
+        self.assertIsNone(as_decode.spec_info)
 
 
 @unittest.skipIf(IN_TRITON_INTERPRETER, "this process already is the second one")
