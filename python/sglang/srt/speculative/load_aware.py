@@ -131,14 +131,18 @@ def load_aware_worker_unsupported_reason(worker: EAGLEWorkerV2) -> Optional[str]
     return load_aware_unsupported_reason(worker.server_args)
 
 
-def fresh_attention_backend(model_runner: ModelRunner) -> AttentionBackend:
-    """A separate instance of the model runner's attention backend, with its own
-    workspace (as upstream's adaptive runtime states build theirs): a second
+def fresh_attention_backend(
+    model_runner: ModelRunner, init_new_workspace: bool
+) -> AttentionBackend:
+    """A separate instance of the model runner's attention backend: a second
     ``init_cuda_graph_state`` on the backend in use would reallocate the buffers
-    its captured graphs point to."""
+    its captured graphs point to. ``init_new_workspace`` gives it a flashinfer
+    workspace of its own (as upstream's adaptive runtime states build theirs)."""
     backup_init_new_workspace = model_runner.init_new_workspace
     try:
-        return model_runner._get_attention_backend(init_new_workspace=True)
+        return model_runner._get_attention_backend(
+            init_new_workspace=init_new_workspace
+        )
     finally:
         model_runner.init_new_workspace = backup_init_new_workspace
 
@@ -228,7 +232,9 @@ class TargetDecodeGraphs:
 
     def __init__(self, worker: EAGLEWorkerV2):
         self.model_runner = worker.target_worker.model_runner
-        self.attn_backend = fresh_attention_backend(self.model_runner)
+        self.attn_backend = fresh_attention_backend(
+            self.model_runner, init_new_workspace=True
+        )
         self.graph_runner: Optional[DecodeCudaGraphRunner] = None
         if worker.target_worker.model_runner.decode_cuda_graph_runner is not None:
             self.graph_runner = capture_accounted(
@@ -395,7 +401,9 @@ class DraftCatchUp:
         self.num_accept_tokens = torch.ones(max_bs, dtype=torch.int32, device=device)
         self.kv_only = plain_steps_write_kv_only(draft_runner.model)
         self.one_token_attention = DecodeAttentionForOneTokenExtend(
-            fresh_attention_backend(draft_runner)
+            # Shares the flashinfer workspace: it plans right before it runs, in
+            # sequence with the draft's other forwards on one stream.
+            fresh_attention_backend(draft_runner, init_new_workspace=False)
         )
         # Whether a KV-only step may have left draft inputs pending.
         self.resume_pending = False

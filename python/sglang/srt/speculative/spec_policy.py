@@ -392,7 +392,7 @@ def plain_decode_graph_reserve_mb(server_args: ServerArgs) -> float:
         server_args.decode_attention_backend or server_args.attention_backend
     )
     if decode_backend in ("flashinfer", None):  # None: chosen later, maybe flashinfer
-        # A fresh backend gets a workspace of its own (fresh_attention_backend).
+        # The target's DECODE backend gets a workspace of its own (TargetDecodeGraphs).
         reserved += envs.SGLANG_FLASHINFER_WORKSPACE_SIZE.get() / (1 << 20)
     return reserved
 

@@ -202,6 +202,8 @@ class DraftModelRunner(FakeModelRunner):
         self.events = events
         # (backend, forward mode) of each init_forward_metadata.
         self.planned = []
+        # init_new_workspace of each fresh backend.
+        self.fresh_backend_workspaces = []
         self.draft_extend_backend = self.planning_backend("draft-extend-backend")
         self.attn_backend = self.draft_extend_backend
 
@@ -214,6 +216,7 @@ class DraftModelRunner(FakeModelRunner):
 
     def _get_attention_backend(self, init_new_workspace: bool = False):
         self.init_new_workspace = init_new_workspace
+        self.fresh_backend_workspaces.append(init_new_workspace)
         return self.planning_backend("fresh-backend")
 
     def forward(self, forward_batch):
@@ -419,6 +422,8 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
         self.assertEqual(
             self.draft_runner.planned, [("fresh-backend", ForwardMode.DECODE)]
         )
+        # It plans right before it runs: the flashinfer workspace is shared.
+        self.assertEqual(self.draft_runner.fresh_backend_workspaces, [False])
         self.assertIs(
             self.draft_runner.attn_backend, self.draft_runner.draft_extend_backend
         )
@@ -482,7 +487,10 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
 
     def test_fresh_attention_backend_keeps_the_workspace_flag(self):
         runner = self.target.model_runner
-        self.assertEqual(fresh_attention_backend(runner), "decode-backend-1")
+        self.assertEqual(
+            fresh_attention_backend(runner, init_new_workspace=True),
+            "decode-backend-1",
+        )
         self.assertFalse(runner.init_new_workspace)
 
     def publish(self, **spec_args):
