@@ -80,7 +80,7 @@ from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 from sglang.srt.speculative.spec_policy import load_aware_unsupported_reason
 from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
-from sglang.srt.utils.common import fast_topk
+from sglang.srt.utils.common import fast_topk, temp_attr_context
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -169,19 +169,6 @@ def capture_accounted(
     return graphs
 
 
-@contextmanager
-def attributes_set(obj: object, **values: object) -> Iterator[None]:
-    """Set attributes of ``obj`` for the block, restoring what was installed."""
-    installed = {name: getattr(obj, name) for name in values}
-    for name, value in values.items():
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for name, value in installed.items():
-            setattr(obj, name, value)
-
-
 class DecodeAttentionForOneTokenExtend(AttentionBackend):
     """Runs the attention of a draft extend of one token per request through the
     decode kernels of another backend instance: the extend kernels would tile a
@@ -251,10 +238,12 @@ class TargetDecodeGraphs:
         """The model runner replays ``decode_cuda_graph_runner`` whenever it
         accepts the batch, whatever the forward mode: the verify runner must not
         see a DECODE batch. Restores what is installed (adaptive states swap it)."""
-        with attributes_set(
-            self.model_runner,
-            attn_backend=self.attn_backend,
-            decode_cuda_graph_runner=self.graph_runner,
+        model_runner = self.model_runner
+        with (
+            temp_attr_context(model_runner, "attn_backend", self.attn_backend),
+            temp_attr_context(
+                model_runner, "decode_cuda_graph_runner", self.graph_runner
+            ),
         ):
             yield
 
@@ -612,7 +601,9 @@ class DraftCatchUp:
         )
         with (
             self.draft_context(),
-            attributes_set(self.draft_runner, attn_backend=self.one_token_attention),
+            temp_attr_context(
+                self.draft_runner, "attn_backend", self.one_token_attention
+            ),
         ):
             forward_batch = prepare_for_draft_extend(
                 extend_input,
