@@ -541,6 +541,26 @@ class TestLoadAwareChainFrequentResumeKVCheck(
     pass
 
 
+class TestLoadAwareChainFrequentResumeKVCheckFA3(
+    ChainMixin, TestLoadAwareFrequentResumeKVCheck
+):
+    """The resume of a KV-only draft runs FA3's decode kernels."""
+
+    backend = "fa3"
+
+
+class TestLoadAwareFrequentResumeKVCheckFlashinfer(TestLoadAwareFrequentResumeKVCheck):
+    """The resume's decode backend shares the draft's flashinfer workspace."""
+
+    backend = "flashinfer"
+
+
+class TestLoadAwareFrequentResumeKVCheckFullCatchUpFlashinfer(
+    TestLoadAwareFrequentResumeKVCheckFullCatchUp
+):
+    backend = "flashinfer"
+
+
 class TestLoadAwareTopk1TritonGraphs(ChainMixin, MatrixMixin, LoadAwareServerBase):
     pass
 
