@@ -558,10 +558,12 @@ class TestChainAutoOverlap(CpuEngineTestBase):
         wall = sim.step_wall_times(trace)
         self.assertGreaterEqual(wall["decode_steps"], len(sim.step_records(trace)))
         self.assertGreater(wall["switches"], 0)
-        # The run's workload, 50 times over: a few seconds once, in which auto's
-        # calibration steps at each bucket (a speculative step costs several plain
-        # ones on a CPU) are too large a share to compare policies by.
-        phases = sim.phases_of_trace(trace) * 50
+        # The run's timeline with each step held 50 times as long. Once over, it
+        # lasts a few seconds, in which auto's calibration steps at each bucket are
+        # too large a share to compare policies by; and a batch size held for one
+        # plain step would pass within one speculative step (several plain ones on
+        # a CPU) before a policy running those could see it.
+        phases = [(bs, 50 * seconds) for bs, seconds in sim.phases_of_trace(trace)]
         results = {
             policy: sim.simulate(sim.make_policy(policy, env), env, phases)
             for policy in ("nospec", "always", "auto")
