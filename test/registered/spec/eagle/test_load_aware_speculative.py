@@ -558,6 +558,9 @@ class TestLoadAwareFrequentResumeKVCheckFlashinfer(TestLoadAwareFrequentResumeKV
 class TestLoadAwareFrequentResumeKVCheckFullCatchUpFlashinfer(
     TestLoadAwareFrequentResumeKVCheckFullCatchUp
 ):
+    """The one-token draft extend on every plain step runs flashinfer's decode
+    kernels in the draft's workspace."""
+
     backend = "flashinfer"
 
 
