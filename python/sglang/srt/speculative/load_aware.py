@@ -75,6 +75,9 @@ from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
 )
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
+from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
+    EAGLEDraftExtendCudaGraphRunner,
+)
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
 from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
@@ -178,7 +181,9 @@ class DecodeAttentionForOneTokenExtend(AttentionBackend):
     token, its KV slot in ``out_cache_loc``). The decode backend sees forward
     mode DECODE (IDLE stays IDLE) and no spec_info (with spec_info, FA3 would
     run the cascade attention of a draft tree); the draft model keeps reading
-    its hidden-state input from the forward batch's spec_info.
+    its hidden-state input from the forward batch's spec_info. The CUDA-graph
+    hooks map to the decode backend's the same way, so that a draft-extend graph
+    runner captures and replays the extend with decode kernels.
     """
 
     def __init__(self, decode_backend: AttentionBackend):
@@ -195,6 +200,27 @@ class DecodeAttentionForOneTokenExtend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         self.decode_backend.init_forward_metadata(self.as_decode(forward_batch))
+
+    def init_forward_metadata_out_graph(
+        self, forward_batch: ForwardBatch, in_capture: bool = False
+    ) -> None:
+        self.decode_backend.init_forward_metadata_out_graph(
+            self.as_decode(forward_batch), in_capture=in_capture
+        )
+
+    def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
+        self.decode_backend.init_forward_metadata_in_graph(
+            self.as_decode(forward_batch)
+        )
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.decode_backend.init_cuda_graph_state(max_bs, max_num_tokens)
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return self.decode_backend.get_cuda_graph_seq_len_fill_value()
+
+    def on_after_cuda_graph_warmup(self) -> None:
+        self.decode_backend.on_after_cuda_graph_warmup()
 
     def forward_extend(
         self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs
@@ -370,13 +396,14 @@ class DraftCatchUp:
     ``resume`` runs the full one-token draft forward once, before the first
     speculative step after them. Other drafts run that forward on every plain
     step: a one-token draft extend, the one upstream's 0-step adaptive tier runs,
-    with decode attention (``DecodeAttentionForOneTokenExtend``).
+    with decode attention (``DecodeAttentionForOneTokenExtend``), replayed from
+    draft-extend CUDA graphs of its own where they were captured.
     """
 
     def __init__(self, worker: EAGLEWorkerV2, graph_bs: Optional[Sequence[int]]):
-        """graph_bs: the batch sizes to capture the KV-only write at (the
-        target's plain-decode graphs'), or None to run it eagerly. With one TP
-        rank the captured writes run beside the next target forward (with more,
+        """graph_bs: the batch sizes to capture the catch-up at (the target's
+        plain-decode graphs'), or None to run it eagerly. With one TP rank the
+        captured KV-only writes run beside the next target forward (with more,
         the draft embedding's all-reduce must keep the ranks' stream order)."""
         draft_worker = worker.draft_worker
         self.draft_worker = draft_worker
@@ -398,6 +425,18 @@ class DraftCatchUp:
         self.resume_pending = False
         self.num_prefills_kv_only = 0
         self.kv_write_graphs: Optional[DraftKVWriteGraphs] = None
+        self.one_token_graphs: Optional[EAGLEDraftExtendCudaGraphRunner] = None
+        if (
+            not self.kv_only
+            and graph_bs
+            and not envs.SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH.get()
+        ):
+            self.one_token_graphs = capture_accounted(
+                worker,
+                "load_aware_draft_catch_up",
+                "one-token draft catch-up",
+                lambda: self._capture_one_token_graphs(graph_bs),
+            )
         if self.kv_only:
             self.write_kv: KVWrite = functools.partial(
                 draft_runner.model.write_kv_cache_only,
@@ -448,6 +487,17 @@ class DraftCatchUp:
         ):
             graphs.capture(capture_context.stream)
         return graphs
+
+    def _capture_one_token_graphs(
+        self, graph_bs: Sequence[int]
+    ) -> EAGLEDraftExtendCudaGraphRunner:
+        with self.draft_context():
+            return EAGLEDraftExtendCudaGraphRunner(
+                self.draft_worker,
+                draft_extend_attn_backend=self.one_token_attention,
+                num_tokens_per_req=1,
+                capture_bs=list(graph_bs),
+            )
 
     @contextmanager
     def draft_context(self) -> Iterator[None]:
@@ -599,6 +649,7 @@ class DraftCatchUp:
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,
         )
+        graphs = self.one_token_graphs
         with (
             self.draft_context(),
             temp_attr_context(
@@ -611,13 +662,20 @@ class DraftCatchUp:
                 next_token_ids.to(torch.int64),
                 1,
                 self.draft_runner,
-                None,
+                graphs,
                 return_hidden_states_before_norm=False,
             )
-            logits_output = self.draft_runner.forward(forward_batch).logits_output
+            if graphs is not None and graphs.can_run_graph(forward_batch):
+                logits_output = graphs.execute(forward_batch)
+                # The graphs' outputs are overwritten by their next replay; the
+                # hidden state stays in the draft input until the next step.
+                hidden_states = logits_output.hidden_states.clone()
+            else:
+                logits_output = self.draft_runner.forward(forward_batch).logits_output
+                hidden_states = logits_output.hidden_states
         probs = torch.softmax(logits_output.next_token_logits, dim=-1)
         topk_p, topk_index = fast_topk(probs, self.topk, dim=-1)
-        return topk_p, topk_index, logits_output.hidden_states
+        return topk_p, topk_index, hidden_states
 
 
 class LoadAwarePlainStep:
@@ -766,8 +824,9 @@ class LoadAwarePlainStep:
         ``war_fastpath_runner`` (the draft runner, whose draft extend is the last
         phase of a speculative step to read shared buffers), or else on the whole
         forward. In a plain step with a KV-only catch-up that phase is the target's
-        DECODE replay, whose event is handed over; after a full draft forward, run
-        eagerly, there is none, and the barrier waits on the whole forward."""
+        DECODE replay, whose event is handed over; a full draft forward replayed
+        from its graphs publishes its own, and one run eagerly none: the barrier
+        then waits on the whole forward."""
         target_runner = self.worker.target_worker.model_runner
         event = target_runner.war_fastpath_read_done_event
         target_runner.war_fastpath_read_done_event = None

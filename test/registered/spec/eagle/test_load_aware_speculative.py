@@ -452,10 +452,30 @@ class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
 
 class TestLoadAwareFrequentResumeKVCheckFullCatchUp(TestLoadAwareFrequentResumeKVCheck):
     """The same with the full draft forward on every plain step: the path of drafts
-    that cannot write their KV alone (the synthetic one-layer heads can)."""
+    that cannot write their KV alone (the synthetic one-layer heads can), replayed
+    from CUDA graphs of its own."""
 
     extra_env = {"SGLANG_LOAD_AWARE_FULL_DRAFT_CATCH_UP": "1"}
     prefills_write_kv_only = False
+    server_log = os.path.join(tempfile.gettempdir(), "load_aware_full_catch_up.log")
+    catch_up_graphs = True
+
+    def test_the_catch_up_graphs_are_captured_unless_disabled(self):
+        with open(self.server_log) as log:
+            captured = "Captured one-token draft catch-up cuda graphs" in log.read()
+        self.assertEqual(captured, self.catch_up_graphs)
+
+
+class TestLoadAwareFrequentResumeKVCheckFullCatchUpEager(
+    TestLoadAwareFrequentResumeKVCheckFullCatchUp
+):
+    """The full draft forward run eagerly, as batches beyond its graphs run it."""
+
+    extra_env = {
+        **TestLoadAwareFrequentResumeKVCheckFullCatchUp.extra_env,
+        "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1",
+    }
+    catch_up_graphs = False
 
 
 class MatrixMixin:

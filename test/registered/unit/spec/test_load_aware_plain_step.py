@@ -18,6 +18,7 @@ process that has it.
 import contextlib
 import unittest
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
@@ -30,9 +31,11 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
     compute_position_torch,
 )
+from sglang.srt.speculative import load_aware
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.load_aware import (
     DecodeAttentionForOneTokenExtend,
+    DraftCatchUp,
     LoadAwarePlainStep,
     build_plain_step,
     fresh_attention_backend,
@@ -189,9 +192,20 @@ class KVOnlyDraftModel:
         self.events.append("draft-kv")
 
 
+def draft_logits(bs: int) -> torch.Tensor:
+    """Request i's top-1 is FIRST_DRAFT_TOKEN + i, its top-2 the token after."""
+    logits = torch.zeros(bs, VOCAB)
+    logits[torch.arange(bs), torch.arange(bs) + FIRST_DRAFT_TOKEN] = 10.0
+    logits[torch.arange(bs), torch.arange(bs) + FIRST_DRAFT_TOKEN + 1] = 5.0
+    return logits
+
+
+DRAFT_HIDDEN_VALUE = 7.0
+
+
 class DraftModelRunner(FakeModelRunner):
-    """Runs the draft extend eagerly: request i's top-1 is FIRST_DRAFT_TOKEN + i,
-    its hidden state 7 (every dim)."""
+    """Runs the draft extend eagerly: draft_logits, hidden state
+    DRAFT_HIDDEN_VALUE (every dim)."""
 
     def __init__(self, model_config, req_to_token_pool, model, events):
         super().__init__(model_config, is_draft_worker=True)
@@ -223,14 +237,43 @@ class DraftModelRunner(FakeModelRunner):
         self.record(forward_batch, attn_backend=self.attn_backend)
         self.events.append("draft")
         bs = forward_batch.batch_size
-        logits = torch.zeros(bs, VOCAB)
-        logits[torch.arange(bs), torch.arange(bs) + FIRST_DRAFT_TOKEN] = 10.0
-        logits[torch.arange(bs), torch.arange(bs) + FIRST_DRAFT_TOKEN + 1] = 5.0
         return SimpleNamespace(
             logits_output=LogitsProcessorOutput(
-                next_token_logits=logits,
-                hidden_states=torch.full((bs, DRAFT_HIDDEN), 7.0),
+                next_token_logits=draft_logits(bs),
+                hidden_states=torch.full((bs, DRAFT_HIDDEN), DRAFT_HIDDEN_VALUE),
             )
+        )
+
+
+class RecordingDraftExtendGraphs:
+    """Stands in for EAGLEDraftExtendCudaGraphRunner: records how it was built
+    and each forward batch it replays, whose outputs are DraftModelRunner's, in
+    buffers of its own that the next replay overwrites. Publishes a read-done
+    event, as a replay does."""
+
+    def __init__(
+        self, eagle_worker, *, draft_extend_attn_backend, num_tokens_per_req, capture_bs
+    ):
+        self.model_runner = eagle_worker.draft_runner
+        self.attn_backend = draft_extend_attn_backend
+        self.num_tokens_per_req = num_tokens_per_req
+        self.capture_bs = capture_bs
+        self.hidden_states = torch.zeros(max(capture_bs), DRAFT_HIDDEN)
+        self.read_done_events = []
+
+    def can_run_graph(self, forward_batch: ForwardBatch) -> bool:
+        return forward_batch.batch_size <= max(self.capture_bs)
+
+    def execute(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        runner = self.model_runner
+        runner.record(forward_batch, attn_backend=runner.attn_backend)
+        runner.events.append("draft-graph")
+        runner.war_fastpath_read_done_event = object()
+        self.read_done_events.append(runner.war_fastpath_read_done_event)
+        bs = forward_batch.batch_size
+        self.hidden_states[:bs] = DRAFT_HIDDEN_VALUE
+        return LogitsProcessorOutput(
+            next_token_logits=draft_logits(bs), hidden_states=self.hidden_states[:bs]
         )
 
 
@@ -398,19 +441,16 @@ class PlainStepTestBase(TinyEagleTestCase):
 class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
     """Drafts that cannot write their KV alone run the one-token draft extend."""
 
-    def test_forward(self):
-        plain, batch, result, seq_lens, slots = self.step()
+    def check_one_token_draft_extend(self, plain, batch, result, seq_lens, slots):
+        """What the one-token draft extend does, eager or replayed."""
         self.assertFalse(plain.draft_catch_up.kv_only)
-        self.assertEqual(self.events, ["publish", "target", "draft"])
-        # The draft forward reads req_to_token after the target's replay: the
-        # barrier must not take the target's event for the step's.
-        self.assertIsNone(self.draft_runner.war_fastpath_read_done_event)
         (draft_call,) = self.draft_runner.forward_batches
         self.assertEqual(draft_call["forward_mode"], ForwardMode.DRAFT_EXTEND_V2)
         self.assertEqual(draft_call["input_ids"], [40, 41, 42, 43])
         self.assertEqual(draft_call["positions"], seq_lens)
         self.assertEqual(draft_call["seq_lens"], [n + 1 for n in seq_lens])
         self.assertEqual(draft_call["out_cache_loc"], slots)
+        self.assertEqual(draft_call["spec_info"].num_tokens_per_req, 1)
         # The target hidden state of the new token, FULL capture.
         self.assertEqual(
             draft_call["spec_info"].hidden_states[:, 0].tolist(), [1, 2, 3, 4]
@@ -419,11 +459,6 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
         self.assertIs(
             draft_call["attn_backend"], plain.draft_catch_up.one_token_attention
         )
-        self.assertEqual(
-            self.draft_runner.planned, [("fresh-backend", ForwardMode.DECODE)]
-        )
-        # It plans right before it runs: the flashinfer workspace is shared.
-        self.assertEqual(self.draft_runner.fresh_backend_workspaces, [False])
         self.assertIs(
             self.draft_runner.attn_backend, self.draft_runner.draft_extend_backend
         )
@@ -431,12 +466,80 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
         self.assertEqual(nxt.topk_index[:, 0].tolist(), [3, 4, 5, 6])
         self.assertEqual(nxt.topk_index[:, 1].tolist(), [4, 5, 6, 7])
         self.assertTrue(bool((nxt.topk_p > 0).all()))
-        self.assertEqual(nxt.hidden_states.tolist(), [[7.0] * DRAFT_HIDDEN] * BS)
+        self.assertEqual(
+            nxt.hidden_states.tolist(), [[DRAFT_HIDDEN_VALUE] * DRAFT_HIDDEN] * BS
+        )
         # Nothing pending: a speculative step needs no resume.
         self.assertFalse(plain.draft_catch_up.resume_pending)
         batch.spec_info = nxt
         plain.resume_speculation(batch)
         self.assertEqual(len(self.draft_runner.forward_batches), 1)
+
+    def plain_step_with_graphs(self, graph_bs):
+        """A plain step whose target captured its plain-decode graphs at
+        ``graph_bs``: the catch-up captures its graphs there too."""
+        plain = self.plain_step()
+        self.worker.gpu_id = 0
+        self.worker._additional_graph_memory_usage = {}
+        self.worker._additional_graph_time_usage = {}
+        with mock.patch.object(
+            load_aware, "EAGLEDraftExtendCudaGraphRunner", RecordingDraftExtendGraphs
+        ):
+            plain.draft_catch_up = DraftCatchUp(self.worker, graph_bs)
+        return plain
+
+    def test_forward(self):
+        plain, batch, result, seq_lens, slots = self.step()
+        self.check_one_token_draft_extend(plain, batch, result, seq_lens, slots)
+        self.assertIsNone(plain.draft_catch_up.one_token_graphs)
+        self.assertEqual(self.events, ["publish", "target", "draft"])
+        # The draft forward reads req_to_token after the target's replay: the
+        # barrier must not take the target's event for the step's.
+        self.assertIsNone(self.draft_runner.war_fastpath_read_done_event)
+        self.assertEqual(
+            self.draft_runner.planned, [("fresh-backend", ForwardMode.DECODE)]
+        )
+        # It plans right before it runs: the flashinfer workspace is shared.
+        self.assertEqual(self.draft_runner.fresh_backend_workspaces, [False])
+
+    def test_forward_replays_the_one_token_graphs(self):
+        plain = self.plain_step_with_graphs([1, 2, 4])
+        graphs = plain.draft_catch_up.one_token_graphs
+        self.assertIs(graphs.attn_backend, plain.draft_catch_up.one_token_attention)
+        self.assertEqual(graphs.num_tokens_per_req, 1)
+        self.assertEqual(graphs.capture_bs, [1, 2, 4])
+        self.assertIn(
+            "load_aware_draft_catch_up", self.worker._additional_graph_memory_usage
+        )
+
+        plain, batch, result, seq_lens, slots = self.step(plain)
+        self.check_one_token_draft_extend(plain, batch, result, seq_lens, slots)
+        self.assertEqual(self.events, ["publish", "target", "draft-graph"])
+        # The replay plans its own metadata: no eager planning.
+        self.assertEqual(self.draft_runner.planned, [])
+        # The replay is the step's last reader of shared buffers.
+        self.assertIs(
+            self.draft_runner.war_fastpath_read_done_event,
+            graphs.read_done_events[-1],
+        )
+        # The next replay overwrites the graphs' output, not the draft input.
+        hidden = result.next_draft_input.hidden_states
+        self.assertNotEqual(hidden.data_ptr(), graphs.hidden_states.data_ptr())
+
+    def test_a_batch_beyond_the_graphs_runs_eagerly(self):
+        plain = self.plain_step_with_graphs([1, 2])
+        plain, batch, result, seq_lens, slots = self.step(plain)
+        self.check_one_token_draft_extend(plain, batch, result, seq_lens, slots)
+        self.assertEqual(self.events, ["publish", "target", "draft"])
+        self.assertEqual(
+            self.draft_runner.planned, [("fresh-backend", ForwardMode.DECODE)]
+        )
+        self.assertIsNone(self.draft_runner.war_fastpath_read_done_event)
+
+    def test_no_graphs_where_draft_extend_graphs_are_disabled(self):
+        with envs.SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH.override(True):
+            plain = self.plain_step_with_graphs([1, 2, 4])
+        self.assertIsNone(plain.draft_catch_up.one_token_graphs)
 
     def test_grammar_barrier_runs_before_the_target(self):
         plain = self.plain_step()
@@ -748,6 +851,42 @@ class TestDecodeAttentionForOneTokenExtend(CustomTestCase):
         # The model keeps reading its hidden-state input from the extend's.
         self.assertEqual(extend.forward_mode, ForwardMode.DRAFT_EXTEND_V2)
         self.assertIs(extend.spec_info, spec_info)
+
+    def test_cuda_graph_hooks_reach_the_decode_backend_as_a_decode(self):
+        seen = []
+
+        class RecordingDecodeBackend:
+            def init_cuda_graph_state(self, max_bs, max_num_tokens):
+                seen.append(("state", max_bs, max_num_tokens))
+
+            def get_cuda_graph_seq_len_fill_value(self):
+                return 1
+
+            def init_forward_metadata_out_graph(self, forward_batch, in_capture):
+                seen.append(("out", forward_batch, in_capture))
+
+            def init_forward_metadata_in_graph(self, forward_batch):
+                seen.append(("in", forward_batch))
+
+            def on_after_cuda_graph_warmup(self):
+                seen.append(("warmed",))
+
+        extend = SimpleNamespace(
+            forward_mode=ForwardMode.DRAFT_EXTEND_V2, spec_info=object()
+        )
+        attention = DecodeAttentionForOneTokenExtend(RecordingDecodeBackend())
+        attention.init_cuda_graph_state(8, 8)
+        self.assertEqual(attention.get_cuda_graph_seq_len_fill_value(), 1)
+        attention.init_forward_metadata_out_graph(extend, in_capture=True)
+        attention.init_forward_metadata_in_graph(extend)
+        attention.on_after_cuda_graph_warmup()
+        attention.init_forward_metadata_out_graph(extend)
+        self.assertEqual(seen[0], ("state", 8, 8))
+        self.assertEqual([call[0] for call in seen[1:]], ["out", "in", "warmed", "out"])
+        self.assertEqual([seen[1][2], seen[4][2]], [True, False])
+        for call in (seen[1], seen[2], seen[4]):
+            self.assertEqual(call[1].forward_mode, ForwardMode.DECODE)
+            self.assertIsNone(call[1].spec_info)
 
     def test_an_idle_batch_stays_idle(self):
         idle = SimpleNamespace(forward_mode=ForwardMode.IDLE, spec_info=object())
