@@ -11,8 +11,9 @@ which
    ``forward_batch_generation`` (penalties, grammar masks, logprobs); it also
    captures the target hidden state of the new token for the draft;
 2. keeps the draft KV cache valid for the token just decoded (``DraftCatchUp``;
-   a one-layer EAGLE-3 head writes that KV alone, in ``DraftKVWriteGraphs``),
-   so that speculation can resume at any step with undiminished acceptance;
+   a one-layer Llama EAGLE or EAGLE-3 draft writes that KV alone, in
+   ``DraftKVWriteGraphs``), so that speculation can resume at any step with
+   undiminished acceptance;
 3. returns a result shaped like a verify step's that accepted no draft (one
    token per request, ``accept_lens`` 1, ``new_seq_lens``, the next draft input,
    which a KV-only catch-up leaves pending for ``DraftCatchUp.resume`` to
@@ -79,7 +80,10 @@ from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
     EAGLEDraftExtendCudaGraphRunner,
 )
 from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
-from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
+from sglang.srt.speculative.eagle_utils import (
+    _eagle_prefill_tail_tokens,
+    get_draft_input_from_target_hidden_dim,
+)
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 from sglang.srt.speculative.spec_policy import load_aware_unsupported_reason
 from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
@@ -389,8 +393,9 @@ class DraftKVWriteGraphs:
 class DraftCatchUp:
     """Writes the draft KV of the token a plain step decoded.
 
-    A one-layer EAGLE-3 head writes that KV alone (``write_kv_cache_only``:
-    embedding, fc, norms and the K/V projections, no attention, MLP or LM head).
+    A one-layer Llama EAGLE or EAGLE-3 draft writes that KV alone
+    (``write_kv_cache_only``: embedding, fc, norms and the K/V projections, no
+    attention, MLP or LM head).
     Its top-k and hidden state are only needed by a speculative step, so plain
     steps then leave the next draft input pending (top-k probability -1) and
     ``resume`` runs the full one-token draft forward once, before the first
@@ -446,17 +451,22 @@ class DraftCatchUp:
             self.pending_topk_index = torch.zeros(
                 (max_bs, self.topk), dtype=torch.int64, device=device
             )
-            fc = draft_runner.model.model.fc
+            model_config = draft_runner.model_config
             # The target hidden states of each request's last token written KV
             # only, by request pool index: ``resume`` runs the draft there. The
             # draft input of such a token holds a placeholder hidden state.
             self.hidden_by_req = torch.zeros(
-                (len(draft_runner.req_to_token_pool.req_to_token), fc.in_features),
-                dtype=fc.weight.dtype,
+                (
+                    len(draft_runner.req_to_token_pool.req_to_token),
+                    get_draft_input_from_target_hidden_dim(draft_runner),
+                ),
+                dtype=model_config.dtype,
                 device=device,
             )
             self.pending_hidden = torch.zeros(
-                (max_bs, fc.out_features), dtype=fc.weight.dtype, device=device
+                (max_bs, model_config.hidden_size),
+                dtype=model_config.dtype,
+                device=device,
             )
             log_info_on_rank0(
                 logger,

@@ -16,6 +16,7 @@ process that has it.
 """
 
 import contextlib
+import copy
 import unittest
 from types import SimpleNamespace
 from unittest import mock
@@ -65,7 +66,7 @@ NEEDS_INTERPRETER = "runs in triton's interpreter (TestInTritonInterpreter)"
 PROMPT_LENS = [3, 5, 2, 4]
 BS = len(PROMPT_LENS)
 TOPK = 2
-TARGET_HIDDEN = 12  # EAGLE-3: the target's aux hidden states, concatenated
+TARGET_HIDDEN = 12  # the target hidden state the draft consumes
 DRAFT_HIDDEN = 4
 VOCAB = 32
 FIRST_TARGET_TOKEN = 40  # the target samples 40 + i for request i
@@ -163,15 +164,11 @@ class RecordingTargetWorker:
 
 
 class KVOnlyDraftModel:
-    """A one-layer EAGLE-3 head that writes its KV alone."""
+    """A one-layer draft that writes its KV alone."""
 
     def __init__(self, events):
         self.calls = []
         self.events = events
-        # Only its shape and dtype are read: they size the draft input buffers.
-        self.model = SimpleNamespace(
-            fc=torch.nn.Linear(TARGET_HIDDEN, DRAFT_HIDDEN, bias=False)
-        )
 
     def can_write_kv_cache_only(self) -> bool:
         return True
@@ -208,6 +205,11 @@ class DraftModelRunner(FakeModelRunner):
     DRAFT_HIDDEN_VALUE (every dim)."""
 
     def __init__(self, model_config, req_to_token_pool, model, events):
+        # The draft's widths: its own hidden state, and the target's it consumes.
+        model_config = copy.copy(model_config)
+        model_config.hidden_size = DRAFT_HIDDEN
+        model_config.spec_hidden_size = TARGET_HIDDEN
+        model_config.dtype = torch.float32
         super().__init__(model_config, is_draft_worker=True)
         self.model = model
         self.req_to_token_pool = req_to_token_pool
@@ -629,7 +631,7 @@ class TestPlainStepFullDraftCatchUp(PlainStepTestBase):
 
 
 class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
-    """A one-layer EAGLE-3 head writes its KV alone on plain steps, and runs the
+    """A one-layer draft writes its KV alone on plain steps, and runs the
     full draft forward once, before the next speculative step."""
 
     kv_only = True

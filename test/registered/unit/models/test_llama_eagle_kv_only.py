@@ -1,10 +1,11 @@
-"""LlamaForCausalLMEagle3.write_kv_cache_only writes the KV the full forward writes.
+"""write_kv_cache_only of the Llama EAGLE and EAGLE-3 drafts writes the KV the
+full forward writes.
 
-Runs tiny one-layer EAGLE-3 heads on the CPU engine (SGLANG_USE_CPU_ENGINE=1,
-which must be set before sglang is imported, hence a child process): the forward
-through the torch-native attention backend into one MHA KV pool, against
-write_kv_cache_only into another, for each normalization the forward can apply
-to the target's hidden states before fc (none, fc_norm, norm_before_fc, both).
+Runs tiny one-layer drafts on the CPU engine (SGLANG_USE_CPU_ENGINE=1, which must
+be set before sglang is imported, hence a child process): the forward through the
+torch-native attention backend into one MHA KV pool, against write_kv_cache_only
+into another; for EAGLE-3 heads, for each normalization the forward can apply to
+the target's hidden states before fc (none, fc_norm, norm_before_fc, both).
 """
 
 import os
@@ -55,6 +56,7 @@ def check_in_cpu_engine(port: int) -> None:
         ForwardContext,
         forward_context,
     )
+    from sglang.srt.models.llama_eagle import LlamaForCausalLMEagle
     from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
@@ -68,7 +70,7 @@ def check_in_cpu_engine(port: int) -> None:
     initialize_model_parallel(1)
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", device="cpu"))
 
-    def build_model(num_hidden_layers=1, **attrs):
+    def build_model(model_class, num_hidden_layers=1, **attrs):
         config = LlamaConfig(
             hidden_size=64,
             intermediate_size=128,
@@ -84,7 +86,7 @@ def check_in_cpu_engine(port: int) -> None:
         for key, value in attrs.items():
             setattr(config, key, value)
         torch.manual_seed(0)
-        model = LlamaForCausalLMEagle3(config)
+        model = model_class(config)
         for param in model.parameters():
             torch.nn.init.normal_(param, std=0.2)
         return model
@@ -148,15 +150,8 @@ def check_in_cpu_engine(port: int) -> None:
             token_to_kv_pool.get_value_buffer(0).clone(),
         )
 
-    assert not build_model(num_hidden_layers=2).can_write_kv_cache_only()
-
-    for name, attrs, has_fc_norm, has_input_norm in NORM_CONFIGS:
-        model = build_model(**attrs)
+    def check_writes_what_the_forward_writes(name, model, target_hidden):
         assert model.can_write_kv_cache_only(), name
-        assert (model.model.fc_norm is not None) == has_fc_norm, name
-        assert (model.model.input_norm is not None) == has_input_norm, name
-        target_hidden = torch.randn(3, 3 * model.config.target_hidden_size)
-
         with torch.no_grad():
             full = forward_kv(model, target_hidden)
             token_to_kv_pool = new_attn_backend().token_to_kv_pool
@@ -173,6 +168,21 @@ def check_in_cpu_engine(port: int) -> None:
         full_k, other_k = full[0][out_cache_loc], other_tokens[0][out_cache_loc]
         assert not torch.equal(full_k[0], other_k[0]), f"{name}: K ignores the token"
         assert torch.equal(full_k[1:], other_k[1:]), name
+
+    for model_class in (LlamaForCausalLMEagle3, LlamaForCausalLMEagle):
+        two_layers = build_model(model_class, num_hidden_layers=2)
+        assert not two_layers.can_write_kv_cache_only(), model_class.__name__
+
+    for name, attrs, has_fc_norm, has_input_norm in NORM_CONFIGS:
+        model = build_model(LlamaForCausalLMEagle3, **attrs)
+        assert (model.model.fc_norm is not None) == has_fc_norm, name
+        assert (model.model.input_norm is not None) == has_input_norm, name
+        target_hidden = torch.randn(3, 3 * model.config.target_hidden_size)
+        check_writes_what_the_forward_writes(f"EAGLE-3, {name}", model, target_hidden)
+
+    model = build_model(LlamaForCausalLMEagle)
+    target_hidden = torch.randn(3, model.config.hidden_size)
+    check_writes_what_the_forward_writes("EAGLE", model, target_hidden)
 
 
 class TestWriteKVCacheOnly(CustomTestCase):
