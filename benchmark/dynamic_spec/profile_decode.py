@@ -176,7 +176,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     configs = selected_configs(args)
-    target, draft = generated_pair(args.preset, args.draft_accept)
+    target, draft = generated_pair(args.preset, args.draft_accept, args.draft_arch)
     out_dir = results_dir(args)
     profiles = []
     for config in configs:

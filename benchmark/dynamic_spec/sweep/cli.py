@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
+import functools
 import json
 import multiprocessing
 import os
@@ -63,6 +64,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         type=parse_draft_accept,
         default=0.8,
         help="the pair's draft acceptance P, or P_easy,P_hard: a content-shift pair",
+    )
+    parser.add_argument(
+        "--draft-arch",
+        choices=["eagle3", "eagle"],
+        default="eagle3",
+        help="the pair's draft: EAGLE-3, or an EAGLE draft (--speculative-algorithm "
+        "EAGLE) that proposes what the target decodes (needs --draft-accept 1)",
     )
     parser.add_argument(
         "--configs",
@@ -176,18 +184,22 @@ def with_suggested_threshold(args: argparse.Namespace, config: Config) -> Config
 
 
 def generated_pair(
-    preset: str, draft_accept: Union[float, Tuple[float, ...]]
+    preset: str,
+    draft_accept: Union[float, Tuple[float, ...]],
+    draft_arch: str = "eagle3",
 ) -> Tuple[str, str]:
     """synthetic_pair, generated in a child process where missing: generating on the
     GPU leaves a CUDA context in the process that did it, which the servers
     started next would then lose from their KV pool."""
-    if os.path.isfile(
-        os.path.join(synthetic_pair_dir(preset, draft_accept), SPEC_FILE)
-    ):
-        return synthetic_pair(preset, draft_accept)
+    pair = functools.partial(
+        synthetic_pair, preset, draft_accept, draft_arch=draft_arch
+    )
+    pair_dir = synthetic_pair_dir(preset, draft_accept, draft_arch=draft_arch)
+    if os.path.isfile(os.path.join(pair_dir, SPEC_FILE)):
+        return pair()
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
-        return child.submit(synthetic_pair, preset, draft_accept).result()
+        return child.submit(pair).result()
 
 
 def positive_int(text: str) -> int:
@@ -337,7 +349,7 @@ def main(description: Optional[str] = None) -> None:
         sys.exit(
             "--content-shift needs a content-shift pair: --draft-accept P_easy,P_hard"
         )
-    target, draft = generated_pair(args.preset, args.draft_accept)
+    target, draft = generated_pair(args.preset, args.draft_accept, args.draft_arch)
     header = describe_run(model_name(args))
     out_dir = results_dir(args)
     refuse_incomparable_records(

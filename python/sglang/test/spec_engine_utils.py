@@ -98,12 +98,15 @@ def synthetic_pair_dir(
     draft_accept: Union[float, Tuple[float, ...]] = 0.8,
     seed: int = 0,
     draft_kv_check: bool = False,
+    draft_arch: str = "eagle3",
 ) -> str:
     """Where synthetic_pair keeps this pair (generated once its spec file is there)."""
     root = os.environ.get(SYNTHETIC_MODELS_DIR_ENV) or os.path.join(
         tempfile.gettempdir(), "sglang-synthetic"
     )
     variant = "-kvcheck" if draft_kv_check else ""
+    if draft_arch != "eagle3":
+        variant += f"-{draft_arch}"
     return os.path.join(
         root, f"{preset}-p{acceptance_label(draft_accept)}-s{seed}{variant}"
     )
@@ -114,11 +117,14 @@ def synthetic_pair(
     draft_accept: Union[float, Tuple[float, ...]] = 0.8,
     seed: int = 0,
     draft_kv_check: bool = False,
+    draft_arch: str = "eagle3",
 ) -> Tuple[str, str]:
     """(target_dir, draft_dir) of a synthetic pair, generated once per cache directory.
 
     ``draft_kv_check``: the draft variant that proposes right only when its KV cache
     of the previous position is valid (catches stale draft KV after plain steps).
+    ``draft_arch`` "eagle": an EAGLE draft that accepts all (draft_accept 1; serve
+    it with ``eagle3_args(..., algorithm="EAGLE")``).
     """
     import torch
     from sglang.test.synthetic_spec_models import (
@@ -127,7 +133,7 @@ def synthetic_pair(
         write_tokenizer_dir,
     )
 
-    out_dir = synthetic_pair_dir(preset, draft_accept, seed, draft_kv_check)
+    out_dir = synthetic_pair_dir(preset, draft_accept, seed, draft_kv_check, draft_arch)
     if not os.path.isfile(os.path.join(out_dir, SPEC_FILE)):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         generate(
@@ -137,6 +143,7 @@ def synthetic_pair(
             seed=seed,
             device=device,
             draft_kv_check=draft_kv_check,
+            draft_arch=draft_arch,
         )
         if device == "cuda":
             # Servers launched next by this process need the memory.
@@ -167,10 +174,15 @@ EAGLE3_TREE = dict(num_steps=2, topk=4, num_draft_tokens=16)
 
 
 def eagle3_args(
-    draft_dir: str, num_steps: int, topk: int, num_draft_tokens: int
+    draft_dir: str,
+    num_steps: int,
+    topk: int,
+    num_draft_tokens: int,
+    algorithm: str = "EAGLE3",
 ) -> Dict[str, object]:
+    """algorithm "EAGLE" for an EAGLE draft (synthetic_pair's draft_arch "eagle")."""
     return dict(
-        speculative_algorithm="EAGLE3",
+        speculative_algorithm=algorithm,
         speculative_draft_model_path=draft_dir,
         speculative_num_steps=num_steps,
         speculative_eagle_topk=topk,

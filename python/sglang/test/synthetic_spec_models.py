@@ -18,6 +18,9 @@ The default draft's proposal depends only on its current input token, so it
 works the same with a stale draft KV cache. ``--draft-kv-check`` writes a draft
 (same target, same proposals) that is right only if the draft KV cache holds,
 at the previous position, what the draft extend writes there (see below).
+``--draft-arch eagle`` writes an EAGLE draft (``LlamaForCausalLMEagle``, one
+layer) instead, which proposes what the target decodes: acceptance 1
+(``_write_eagle_draft``).
 
 Token map
 ---------
@@ -494,6 +497,10 @@ def _ones(n: int, device: str) -> torch.Tensor:
     return torch.ones(n, dtype=DTYPE, device=device)
 
 
+def _zeros(shape: Tuple[int, ...], device: str) -> torch.Tensor:
+    return torch.zeros(shape, dtype=DTYPE, device=device)
+
+
 def _padded(rows: torch.Tensor, width: int) -> torch.Tensor:
     out = torch.zeros(rows.shape[0], width, dtype=DTYPE, device=rows.device)
     out[:, : rows.shape[1]] = rows.to(DTYPE)
@@ -846,6 +853,47 @@ def _write_draft(
     )
 
 
+def _write_eagle_draft(
+    draft_dir: str, p: Preset, codes: torch.Tensor, filler: _Filler, device: str
+) -> None:
+    """A one-layer EAGLE draft (``LlamaForCausalLMEagle``) that proposes what the
+    target decodes: its output is ``fc``'s copy of the input token's embedding at
+    the scale of the target's final norm, which the target's lm_head (an EAGLE
+    draft shares it) maps to ``pi`` of that token. Attention and MLP add nothing
+    (zero o_proj and down_proj) but read and write the draft KV like any draft."""
+    d, q_dim, kv_dim = (
+        p.hidden_size,
+        p.num_heads * p.head_dim,
+        p.num_kv_heads * p.head_dim,
+    )
+    num_code_dims = codes.shape[1]
+    fc = torch.zeros(d, 2 * d, device=device)
+    fc[:num_code_dims, :num_code_dims] = math.sqrt(d / num_code_dims) * torch.eye(
+        num_code_dims, device=device
+    )
+    writer = ShardWriter(draft_dir)
+    writer.add("embed_tokens.weight", _embedding(codes, d))
+    writer.add("fc.weight", fc.to(DTYPE))
+    writer.add("fc.bias", _zeros((d,), device))
+    prefix = "layers.0."
+    for name, rows in (("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim)):
+        name = f"{prefix}self_attn.{name}.weight"
+        writer.add(name, filler.randn(name, (rows, d), d**-0.5))
+    writer.add(f"{prefix}self_attn.o_proj.weight", _zeros((d, q_dim), device))
+    writer.add(f"{prefix}post_attention_layernorm.weight", _ones(d, device))
+    inter = p.draft_intermediate_size
+    for name in ("gate_proj", "up_proj"):
+        name = f"{prefix}mlp.{name}.weight"
+        writer.add(name, filler.randn(name, (inter, d), d**-0.5))
+    writer.add(f"{prefix}mlp.down_proj.weight", _zeros((d, inter), device))
+    writer.close()
+    llama = dataclasses.replace(p, architecture="llama", intermediate_size=inter)
+    _write_json(
+        os.path.join(draft_dir, "config.json"),
+        {**_target_config(llama, 1), "architectures": ["LlamaForCausalLMEagle"]},
+    )
+
+
 def token_name(token_id: int) -> str:
     """The synthetic tokenizer's string for a token that is not special."""
     return f"w{token_id}"
@@ -958,9 +1006,12 @@ def _write_spec(
     seed: int,
     tmap: TokenMap,
     kv_check: bool,
+    draft_arch: str,
 ) -> None:
     # The keys are absent by default so that default outputs keep their bytes.
     extra = {"draft_kv_check": True} if kv_check else {}
+    if draft_arch != "eagle3":
+        extra["draft_arch"] = draft_arch
     acceptances = region_acceptances(draft_accept)
     if len(acceptances) > 1:
         extra["region_tokens"] = [r.tolist() for r in tmap.region_tokens]
@@ -997,6 +1048,7 @@ def generate(
     draft_vocab_size: Optional[int] = None,
     num_layers: Optional[int] = None,
     draft_kv_check: bool = False,
+    draft_arch: str = "eagle3",
 ) -> Tuple[str, str]:
     """Write ``out_dir/target``, ``out_dir/draft``, ``out_dir/tokenizer`` (the
     target's tokenizer alone: ``tokenizer_dir``) and ``out_dir/synthetic_spec.json``.
@@ -1004,7 +1056,11 @@ def generate(
     ``draft_kv_check`` selects the draft variant whose proposals need a valid
     draft KV cache at the previous position (see the module docstring).
     ``draft_accept`` as a sequence makes a content-shift pair (module docstring).
+    ``draft_arch`` "eagle" writes an EAGLE draft that proposes what the target
+    decodes (``_write_eagle_draft``): its acceptance is 1.
     """
+    if draft_arch == "eagle" and (draft_kv_check or draft_accept != 1.0):
+        raise ValueError("the EAGLE draft accepts all: draft_accept 1, no KV check")
     p = PRESETS[preset]
     num_layers = num_layers or p.num_layers
     if num_layers < 7:
@@ -1021,12 +1077,23 @@ def generate(
     os.makedirs(draft_dir, exist_ok=True)
     with torch.no_grad():
         _write_target(target_dir, p, num_layers, codes, tmap, filler, device)
-        _write_draft(
-            draft_dir, p, num_layers, codes, tmap, filler, device, draft_kv_check
-        )
+        if draft_arch == "eagle":
+            _write_eagle_draft(draft_dir, p, codes, filler, device)
+        else:
+            _write_draft(
+                draft_dir, p, num_layers, codes, tmap, filler, device, draft_kv_check
+            )
     write_tokenizer_dir(target_dir)
     _write_spec(
-        out_dir, preset, p, num_layers, draft_accept, seed, tmap, draft_kv_check
+        out_dir,
+        preset,
+        p,
+        num_layers,
+        draft_accept,
+        seed,
+        tmap,
+        draft_kv_check,
+        draft_arch,
     )
     return target_dir, draft_dir
 
@@ -1051,6 +1118,14 @@ def _parse_args() -> argparse.Namespace:
         action="store_true",
         help="draft whose proposals are right only with a valid draft KV cache",
     )
+    parser.add_argument(
+        "--draft-arch",
+        choices=["eagle3", "eagle"],
+        default="eagle3",
+        help="eagle: an EAGLE draft (LlamaForCausalLMEagle, serve with "
+        "--speculative-algorithm EAGLE) proposing what the target decodes; "
+        "needs --draft-accept 1",
+    )
     return parser.parse_args()
 
 
@@ -1065,6 +1140,7 @@ def main() -> None:
         args.draft_vocab_size,
         args.num_layers,
         args.draft_kv_check,
+        args.draft_arch,
     )
     print(f"target: {target_dir}")
     print(f"draft: {draft_dir}")

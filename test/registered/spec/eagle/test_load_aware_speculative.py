@@ -56,11 +56,16 @@ MIN_DWELL_STEPS = 8
 
 
 def spec_server_args(
-    draft: str, spec: Dict[str, int], backend: str, page_size: int, cuda_graph: bool
+    draft: str,
+    spec: Dict[str, int],
+    backend: str,
+    page_size: int,
+    cuda_graph: bool,
+    algorithm: str = "EAGLE3",
 ) -> List[str]:
     return cli_args(
         dict(
-            **eagle3_args(draft, **spec),
+            **eagle3_args(draft, **spec, algorithm=algorithm),
             attention_backend=backend,
             page_size=page_size,
             cuda_graph_max_bs=48,
@@ -95,6 +100,7 @@ class LoadAwareServerBase(CustomTestCase):
     enable_threshold = None
     seed = 11
     draft_kv_check = False
+    draft_arch = "eagle3"  # "eagle": an EAGLE draft (synthetic_pair), served as such
     extra_args: List[str] = []
     extra_env: Dict[str, str] = {}
     server_log: Optional[str] = None  # a path: the server's output goes there
@@ -102,7 +108,12 @@ class LoadAwareServerBase(CustomTestCase):
     @classmethod
     def server_args(cls) -> List[str]:
         args = spec_server_args(
-            cls.draft, cls.spec, cls.backend, cls.page_size, cls.cuda_graph
+            cls.draft,
+            cls.spec,
+            cls.backend,
+            cls.page_size,
+            cls.cuda_graph,
+            algorithm=cls.draft_arch.upper(),
         )
         if cls.disable_threshold is not None:  # None: load-aware speculation off
             args += [
@@ -116,7 +127,10 @@ class LoadAwareServerBase(CustomTestCase):
     @classmethod
     def setUpClass(cls):
         cls.target, cls.draft = synthetic_pair(
-            "tiny", cls.draft_accept, draft_kv_check=cls.draft_kv_check
+            "tiny",
+            cls.draft_accept,
+            draft_kv_check=cls.draft_kv_check,
+            draft_arch=cls.draft_arch,
         )
         cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
         cls._server = running_server(
@@ -573,6 +587,18 @@ class TestLoadAwareFrequentResumeKVCheckFlashinfer(TestLoadAwareFrequentResumeKV
     """The resume's decode backend shares the draft's flashinfer workspace."""
 
     backend = "flashinfer"
+
+
+class TestLoadAwareFrequentResumeEagleDraft(TestLoadAwareFrequentResumeKVCheck):
+    """The same with an EAGLE draft (LlamaForCausalLMEagle), which writes its KV
+    alone too. The synthetic EAGLE draft proposes what the target decodes whatever
+    its KV holds (acceptance 1): this checks that such a draft takes the KV-only
+    path end to end and resumes with every draft accepted, not the KV it writes
+    (test_llama_eagle_kv_only checks that)."""
+
+    draft_arch = "eagle"
+    draft_accept = 1.0
+    draft_kv_check = False
 
 
 class TestLoadAwareFrequentResumeKVCheckFullCatchUpFlashinfer(

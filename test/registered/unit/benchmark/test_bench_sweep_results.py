@@ -990,6 +990,7 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[1, 64],
             mem_fraction_static=0.8,
             stream_interval=1,
+            draft_arch="eagle3",
         )
         flags = " ".join(
             sweep.server.config_server_args(args, configs["loadaware-topk4"], "/d")
@@ -1144,6 +1145,7 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[1, 256],
             mem_fraction_static=0.8,
             stream_interval=1,
+            draft_arch="eagle3",
         )
         flags = sweep.server.config_server_args(args, config, "/d")
         joined = " ".join(flags)
@@ -1250,6 +1252,7 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[1, 8],
             mem_fraction_static=0.8,
             stream_interval=1,
+            draft_arch="eagle3",
             step_trace=True,
             url="u",
         )
@@ -1292,6 +1295,7 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[1],
             mem_fraction_static=0.8,
             stream_interval=1,
+            draft_arch="eagle3",
             step_trace=True,
             url="u",
         )
@@ -1338,6 +1342,7 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[1, 64],
             mem_fraction_static=0.8,
             stream_interval=1,
+            draft_arch="eagle3",
             decode_rate=[128, 256],
         )
         nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
@@ -1464,6 +1469,7 @@ class TestBenchSweepResults(CustomTestCase):
             concurrency=[8],
             mem_fraction_static=0.8,
             stream_interval=1,
+            draft_arch="eagle3",
         )
         nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
         without = sweep.server.config_server_args(server, nospec, "/d")

@@ -680,5 +680,73 @@ class TestOtherArchitectures(CustomTestCase):
             self.assertEqual(with_synthetic_tokenizer(target_dir, []), [])
 
 
+class TestEagleDraft(CustomTestCase):
+    """The EAGLE draft (draft_arch "eagle"): a LlamaForCausalLMEagle checkpoint whose
+    output the target's lm_head, which an EAGLE draft shares, maps to what the
+    target decodes."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.out = cls._tmp.name
+        cls.target_dir, cls.draft_dir = ssm.generate(
+            "tiny", cls.out, draft_accept=1.0, seed=1, draft_arch="eagle"
+        )
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls._tmp.cleanup()
+
+    def test_checkpoint_layout(self) -> None:
+        cfg = AutoConfig.from_pretrained(self.draft_dir)
+        self.assertEqual(cfg.architectures, ["LlamaForCausalLMEagle"])
+        self.assertEqual(cfg.num_hidden_layers, 1)
+        d, hd = cfg.hidden_size, cfg.head_dim
+        q, kv, inter = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, 768
+        self.assertEqual(cfg.intermediate_size, inter)
+        # llama_eagle.py: fc over cat(embedding, target hidden state); no
+        # input_layernorm in the first layer, no final norm, the target's lm_head.
+        self.assertEqual(
+            _tensor_shapes(self.draft_dir),
+            {
+                "embed_tokens.weight": (cfg.vocab_size, d),
+                "fc.weight": (d, 2 * d),
+                "fc.bias": (d,),
+                "layers.0.self_attn.q_proj.weight": (q, d),
+                "layers.0.self_attn.k_proj.weight": (kv, d),
+                "layers.0.self_attn.v_proj.weight": (kv, d),
+                "layers.0.self_attn.o_proj.weight": (d, q),
+                "layers.0.post_attention_layernorm.weight": (d,),
+                "layers.0.mlp.gate_proj.weight": (inter, d),
+                "layers.0.mlp.up_proj.weight": (inter, d),
+                "layers.0.mlp.down_proj.weight": (d, inter),
+            },
+        )
+        self.assertEqual(ssm.load_spec(self.out)["draft_arch"], "eagle")
+
+    def test_proposes_what_the_target_decodes(self) -> None:
+        draft = load_file(os.path.join(self.draft_dir, "model.safetensors"))
+        target = load_file(os.path.join(self.target_dir, "model.safetensors"))
+        # The layer adds nothing to its input: the output is fc's.
+        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+            self.assertFalse(draft[f"layers.0.{name}"].any(), name)
+        embed = draft["embed_tokens.weight"]
+        self.assertTrue(torch.equal(embed, target["model.embed_tokens.weight"]))
+        target_hidden = torch.randn(embed.shape).to(embed.dtype)  # fc ignores it
+        fc_input = torch.cat([embed, target_hidden], dim=-1).float()
+        out = fc_input @ draft["fc.weight"].float().T + draft["fc.bias"].float()
+        logits = out.to(torch.bfloat16).float() @ target["lm_head.weight"].float().T
+        top2 = logits.topk(2, dim=-1)
+        gap = (top2.values[:, 0] - top2.values[:, 1]).min().item()
+        print(f"EAGLE draft, every token: min top1-top2 logit gap {gap:.2f}")
+        next_token = torch.tensor(ssm.next_token_map(self.out))
+        self.assertTrue(torch.equal(top2.indices[:, 0], next_token))
+        self.assertGreater(gap, ssm.TARGET_MIN_MARGIN)
+
+    def test_needs_full_acceptance(self) -> None:
+        with tempfile.TemporaryDirectory() as out, self.assertRaises(ValueError):
+            ssm.generate("tiny", out, draft_accept=0.9, draft_arch="eagle")
+
+
 if __name__ == "__main__":
     unittest.main()
