@@ -84,11 +84,16 @@ class CpuEngineTestBase(CustomTestCase):
     # Whether auto writes its step trace (to cls.trace_path).
     step_trace = False
     seed = 0
+    # "eagle": synthetic_pair's EAGLE draft (acceptance 1) instead of the KV-check
+    # EAGLE-3 head.
+    draft_arch = "eagle3"
 
     @classmethod
     def setUpClass(cls):
+        eagle3 = cls.draft_arch == "eagle3"
+        cls.draft_accept = DRAFT_ACCEPT if eagle3 else 1.0
         cls.target, cls.draft = synthetic_pair(
-            "tiny", DRAFT_ACCEPT, draft_kv_check=True
+            "tiny", cls.draft_accept, draft_kv_check=eagle3, draft_arch=cls.draft_arch
         )
         cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
         cls._tmp = tempfile.TemporaryDirectory()
@@ -111,7 +116,7 @@ class CpuEngineTestBase(CustomTestCase):
         cls._engine = cpu_spec_engine(
             env=env,
             model_path=cls.target,
-            **eagle3_args(cls.draft, **cls.spec),
+            **eagle3_args(cls.draft, **cls.spec, algorithm=cls.draft_arch.upper()),
             **engine_args,
         )
         try:
@@ -154,7 +159,7 @@ class CpuEngineTestBase(CustomTestCase):
     def assert_accept_length_predicted(self, outputs: Sequence[dict]) -> None:
         measured = accept_length(outputs)
         predicted = expected_accept_length(
-            DRAFT_ACCEPT, self.spec["num_steps"], self.spec["topk"]
+            self.draft_accept, self.spec["num_steps"], self.spec["topk"]
         )
         print(f"[cpu-engine] accept length {measured:.3f}, predicted {predicted:.3f}")
         self.assertAlmostEqual(measured, predicted, delta=ACCEPT_TOLERANCE * predicted)
@@ -295,6 +300,17 @@ class TestChainThresholdOverlap(ThresholdTests, CpuEngineTestBase):
 
     spec = EAGLE3_CHAIN
     seed = 1
+
+
+class TestEagleDraftChainThresholdOverlap(ThresholdTests, CpuEngineTestBase):
+    """The chain with an EAGLE draft (LlamaForCausalLMEagle), which writes its KV
+    alone on plain steps too. The synthetic EAGLE draft proposes what the target
+    decodes whatever its KV holds: this checks that such a draft takes the KV-only
+    path end to end (plain steps, prefills, resumes) at full acceptance, not the
+    KV it writes (test_llama_eagle_kv_only checks that)."""
+
+    draft_arch = "eagle"
+    seed = 3
 
 
 class TestTreeThresholdNoOverlap(ThresholdTests, CpuEngineTestBase):
