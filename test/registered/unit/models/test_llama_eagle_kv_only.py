@@ -58,6 +58,7 @@ def check_in_cpu_engine(port: int) -> None:
     )
     from sglang.srt.models.llama_eagle import LlamaForCausalLMEagle
     from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+    from sglang.srt.models.mistral_eagle import MistralForCausalLMEagle
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     init_distributed_environment(
@@ -172,6 +173,9 @@ def check_in_cpu_engine(port: int) -> None:
     for model_class in (LlamaForCausalLMEagle3, LlamaForCausalLMEagle):
         two_layers = build_model(model_class, num_hidden_layers=2)
         assert not two_layers.can_write_kv_cache_only(), model_class.__name__
+    # A subclass with a body of its own (a norm before the first attention, a
+    # quantizable fc) keeps the full forward.
+    assert not build_model(MistralForCausalLMEagle).can_write_kv_cache_only()
 
     for name, attrs, has_fc_norm, has_input_norm in NORM_CONFIGS:
         model = build_model(LlamaForCausalLMEagle3, **attrs)
