@@ -702,7 +702,8 @@ class TestEagleDraft(CustomTestCase):
         self.assertEqual(cfg.architectures, ["LlamaForCausalLMEagle"])
         self.assertEqual(cfg.num_hidden_layers, 1)
         d, hd = cfg.hidden_size, cfg.head_dim
-        q, kv, inter = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, 768
+        q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+        inter = ssm.PRESETS["tiny"].draft_intermediate_size
         self.assertEqual(cfg.intermediate_size, inter)
         # llama_eagle.py: fc over cat(embedding, target hidden state); no
         # input_layernorm in the first layer, no final norm, the target's lm_head.
