@@ -11,7 +11,7 @@ which
    ``forward_batch_generation`` (penalties, grammar masks, logprobs); it also
    captures the target hidden state of the new token for the draft;
 2. keeps the draft KV cache valid for the token just decoded (``DraftCatchUp``;
-   a one-layer Llama EAGLE or EAGLE-3 draft writes that KV alone, in
+   a one-layer EAGLE or EAGLE-3 draft writes that KV alone, in
    ``DraftKVWriteGraphs``), so that speculation can resume at any step with
    undiminished acceptance;
 3. returns a result shaped like a verify step's that accepted no draft (one
@@ -393,7 +393,7 @@ class DraftKVWriteGraphs:
 class DraftCatchUp:
     """Writes the draft KV of the token a plain step decoded.
 
-    A one-layer Llama EAGLE or EAGLE-3 draft writes that KV alone
+    A one-layer EAGLE or EAGLE-3 draft writes that KV alone
     (``write_kv_cache_only``: embedding, fc, norms and the K/V projections, no
     attention, MLP or LM head).
     Its top-k and hidden state are only needed by a speculative step, so plain

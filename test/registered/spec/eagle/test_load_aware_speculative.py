@@ -594,7 +594,7 @@ class TestLoadAwareFrequentResumeEagleDraft(TestLoadAwareFrequentResumeKVCheck):
     alone too. The synthetic EAGLE draft proposes what the target decodes whatever
     its KV holds (acceptance 1): this checks that such a draft takes the KV-only
     path end to end and resumes with every draft accepted, not the KV it writes
-    (test_llama_eagle_kv_only checks that)."""
+    (test_eagle_draft_kv_only checks that)."""
 
     draft_arch = "eagle"
     draft_accept = 1.0

@@ -307,7 +307,7 @@ class TestEagleDraftChainThresholdOverlap(ThresholdTests, CpuEngineTestBase):
     alone on plain steps too. The synthetic EAGLE draft proposes what the target
     decodes whatever its KV holds: this checks that such a draft takes the KV-only
     path end to end (plain steps, prefills, resumes) at full acceptance, not the
-    KV it writes (test_llama_eagle_kv_only checks that)."""
+    KV it writes (test_eagle_draft_kv_only checks that)."""
 
     draft_arch = "eagle"
     seed = 3

@@ -1,5 +1,5 @@
-"""write_kv_cache_only of the Llama EAGLE and EAGLE-3 drafts writes the KV the
-full forward writes.
+"""write_kv_cache_only of the EAGLE drafts (Llama and Qwen2 EAGLE, Llama EAGLE-3)
+writes the KV the full forward writes.
 
 Runs tiny one-layer drafts on the CPU engine (SGLANG_USE_CPU_ENGINE=1, which must
 be set before sglang is imported, hence a child process): the forward through the
@@ -41,7 +41,7 @@ def check_in_cpu_engine(port: int) -> None:
     from types import SimpleNamespace
 
     import torch
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, Qwen2Config
 
     from sglang.srt.distributed import (
         init_distributed_environment,
@@ -59,6 +59,7 @@ def check_in_cpu_engine(port: int) -> None:
     from sglang.srt.models.llama_eagle import LlamaForCausalLMEagle
     from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
     from sglang.srt.models.mistral_eagle import MistralForCausalLMEagle
+    from sglang.srt.models.qwen2_eagle import Qwen2ForCausalLMEagle
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     init_distributed_environment(
@@ -71,8 +72,10 @@ def check_in_cpu_engine(port: int) -> None:
     initialize_model_parallel(1)
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", device="cpu"))
 
-    def build_model(model_class, num_hidden_layers=1, **attrs):
-        config = LlamaConfig(
+    def build_model(
+        model_class, num_hidden_layers=1, config_class=LlamaConfig, **attrs
+    ):
+        config = config_class(
             hidden_size=64,
             intermediate_size=128,
             num_attention_heads=4,
@@ -170,8 +173,14 @@ def check_in_cpu_engine(port: int) -> None:
         assert not torch.equal(full_k[0], other_k[0]), f"{name}: K ignores the token"
         assert torch.equal(full_k[1:], other_k[1:]), name
 
-    for model_class in (LlamaForCausalLMEagle3, LlamaForCausalLMEagle):
-        two_layers = build_model(model_class, num_hidden_layers=2)
+    for model_class, config_class in (
+        (LlamaForCausalLMEagle3, LlamaConfig),
+        (LlamaForCausalLMEagle, LlamaConfig),
+        (Qwen2ForCausalLMEagle, Qwen2Config),
+    ):
+        two_layers = build_model(
+            model_class, num_hidden_layers=2, config_class=config_class
+        )
         assert not two_layers.can_write_kv_cache_only(), model_class.__name__
     # A subclass with a body of its own (a norm before the first attention, a
     # quantizable fc) keeps the full forward.
@@ -184,9 +193,14 @@ def check_in_cpu_engine(port: int) -> None:
         target_hidden = torch.randn(3, 3 * model.config.target_hidden_size)
         check_writes_what_the_forward_writes(f"EAGLE-3, {name}", model, target_hidden)
 
-    model = build_model(LlamaForCausalLMEagle)
-    target_hidden = torch.randn(3, model.config.hidden_size)
-    check_writes_what_the_forward_writes("EAGLE", model, target_hidden)
+    # The Qwen2 EAGLE draft's K/V projections have a bias.
+    for name, model_class, config_class in (
+        ("EAGLE", LlamaForCausalLMEagle, LlamaConfig),
+        ("Qwen2 EAGLE", Qwen2ForCausalLMEagle, Qwen2Config),
+    ):
+        model = build_model(model_class, config_class=config_class)
+        target_hidden = torch.randn(3, model.config.hidden_size)
+        check_writes_what_the_forward_writes(name, model, target_hidden)
 
 
 class TestWriteKVCacheOnly(CustomTestCase):
