@@ -1,5 +1,5 @@
-"""write_kv_cache_only of the EAGLE drafts (Llama and Qwen2 EAGLE, Llama EAGLE-3)
-writes the KV the full forward writes.
+"""write_kv_cache_only of the EAGLE drafts (Llama, Qwen2 and Mistral EAGLE, Llama
+EAGLE-3) writes the KV the full forward writes.
 
 Runs tiny one-layer drafts on the CPU engine (SGLANG_USE_CPU_ENGINE=1, which must
 be set before sglang is imported, hence a child process): the forward through the
@@ -177,14 +177,12 @@ def check_in_cpu_engine(port: int) -> None:
         (LlamaForCausalLMEagle3, LlamaConfig),
         (LlamaForCausalLMEagle, LlamaConfig),
         (Qwen2ForCausalLMEagle, Qwen2Config),
+        (MistralForCausalLMEagle, LlamaConfig),
     ):
         two_layers = build_model(
             model_class, num_hidden_layers=2, config_class=config_class
         )
         assert not two_layers.can_write_kv_cache_only(), model_class.__name__
-    # A subclass with a body of its own (a norm before the first attention, a
-    # quantizable fc) keeps the full forward.
-    assert not build_model(MistralForCausalLMEagle).can_write_kv_cache_only()
 
     for name, attrs, has_fc_norm, has_input_norm in NORM_CONFIGS:
         model = build_model(LlamaForCausalLMEagle3, **attrs)
@@ -193,10 +191,12 @@ def check_in_cpu_engine(port: int) -> None:
         target_hidden = torch.randn(3, 3 * model.config.target_hidden_size)
         check_writes_what_the_forward_writes(f"EAGLE-3, {name}", model, target_hidden)
 
-    # The Qwen2 EAGLE draft's K/V projections have a bias.
+    # The Qwen2 EAGLE draft's K/V projections have a bias; the Mistral EAGLE
+    # draft's body has a norm before its first attention.
     for name, model_class, config_class in (
         ("EAGLE", LlamaForCausalLMEagle, LlamaConfig),
         ("Qwen2 EAGLE", Qwen2ForCausalLMEagle, Qwen2Config),
+        ("Mistral EAGLE", MistralForCausalLMEagle, LlamaConfig),
     ):
         model = build_model(model_class, config_class=config_class)
         target_hidden = torch.randn(3, model.config.hidden_size)
