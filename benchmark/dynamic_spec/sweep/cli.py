@@ -12,7 +12,11 @@ import os
 import sys
 from typing import List, Optional, Tuple, Union
 
-from sglang.test.spec_engine_utils import synthetic_pair, synthetic_pair_dir
+from sglang.test.spec_engine_utils import (
+    SPECULATIVE_ALGORITHMS,
+    synthetic_pair,
+    synthetic_pair_dir,
+)
 from sglang.test.synthetic_spec_models import SPEC_FILE, parse_draft_accept
 from sweep.bench_serving import BENCH_SERVING_MODULE
 from sweep.configs import Config, build_configs, pristine_upstream
@@ -67,7 +71,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-arch",
-        choices=["eagle3", "eagle"],
+        choices=list(SPECULATIVE_ALGORITHMS),
         default="eagle3",
         help="the pair's draft: EAGLE-3, or an EAGLE draft (--speculative-algorithm "
         "EAGLE) that proposes what the target decodes (needs --draft-accept 1)",

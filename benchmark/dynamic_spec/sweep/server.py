@@ -107,8 +107,9 @@ def config_server_args(
         )
     )
     if config.spec is not None:
-        algorithm = args.draft_arch.upper()
-        server_args += cli_args(eagle3_args(draft, **config.spec, algorithm=algorithm))
+        server_args += cli_args(
+            eagle3_args(draft, **config.spec, draft_arch=args.draft_arch)
+        )
     server_args += config.extra_args
     if config.adaptive_config is not None:
         server_args += ["--speculative-adaptive-config", adaptive_config_file(config)]

@@ -124,7 +124,7 @@ def synthetic_pair(
     ``draft_kv_check``: the draft variant that proposes right only when its KV cache
     of the previous position is valid (catches stale draft KV after plain steps).
     ``draft_arch`` "eagle": an EAGLE draft that accepts all (draft_accept 1; serve
-    it with ``eagle3_args(..., algorithm="EAGLE")``).
+    it with ``eagle3_args(..., draft_arch="eagle")``).
     """
     import torch
     from sglang.test.synthetic_spec_models import (
@@ -173,16 +173,20 @@ EAGLE3_CHAIN = dict(num_steps=3, topk=1, num_draft_tokens=4)
 EAGLE3_TREE = dict(num_steps=2, topk=4, num_draft_tokens=16)
 
 
+# synthetic_pair's draft architectures and the algorithm that serves each.
+SPECULATIVE_ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE"}
+
+
 def eagle3_args(
     draft_dir: str,
     num_steps: int,
     topk: int,
     num_draft_tokens: int,
-    algorithm: str = "EAGLE3",
+    draft_arch: str = "eagle3",
 ) -> Dict[str, object]:
-    """algorithm "EAGLE" for an EAGLE draft (synthetic_pair's draft_arch "eagle")."""
+    """draft_arch: synthetic_pair's, which names the speculative algorithm."""
     return dict(
-        speculative_algorithm=algorithm,
+        speculative_algorithm=SPECULATIVE_ALGORITHMS[draft_arch],
         speculative_draft_model_path=draft_dir,
         speculative_num_steps=num_steps,
         speculative_eagle_topk=topk,

@@ -61,11 +61,11 @@ def spec_server_args(
     backend: str,
     page_size: int,
     cuda_graph: bool,
-    algorithm: str = "EAGLE3",
+    draft_arch: str = "eagle3",
 ) -> List[str]:
     return cli_args(
         dict(
-            **eagle3_args(draft, **spec, algorithm=algorithm),
+            **eagle3_args(draft, **spec, draft_arch=draft_arch),
             attention_backend=backend,
             page_size=page_size,
             cuda_graph_max_bs=48,
@@ -113,7 +113,7 @@ class LoadAwareServerBase(CustomTestCase):
             cls.backend,
             cls.page_size,
             cls.cuda_graph,
-            algorithm=cls.draft_arch.upper(),
+            draft_arch=cls.draft_arch,
         )
         if cls.disable_threshold is not None:  # None: load-aware speculation off
             args += [

@@ -116,7 +116,7 @@ class CpuEngineTestBase(CustomTestCase):
         cls._engine = cpu_spec_engine(
             env=env,
             model_path=cls.target,
-            **eagle3_args(cls.draft, **cls.spec, algorithm=cls.draft_arch.upper()),
+            **eagle3_args(cls.draft, **cls.spec, draft_arch=cls.draft_arch),
             **engine_args,
         )
         try:
