@@ -42,6 +42,14 @@ register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 
 sweep = load_benchmark_package("sweep")
 
+
+def sweep_args(*flags: str, **fields) -> argparse.Namespace:
+    """bench_sweep.py's arguments parsed from flags, then fields set over them."""
+    with mock.patch.object(sys, "argv", ["bench_sweep.py", *flags]):
+        args = sweep.cli.parse_args(None)
+    return argparse.Namespace(**{**vars(args), **fields})
+
+
 SUMMARY_POINT_KEYS = {
     "config",
     "concurrency",
@@ -797,13 +805,10 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertAlmostEqual(statistics.fmean(spread), 128, delta=2)
         self.assertGreater(len(set(spread)), 50)
 
-        def parse(*flags: str) -> argparse.Namespace:
-            with mock.patch.object(sys, "argv", ["bench_sweep.py", *flags]):
-                return sweep.cli.parse_args(None)
-
-        self.assertEqual(parse().output_len_spread, 0.0)
+        self.assertEqual(sweep_args().output_len_spread, 0.0)
         self.assertEqual(
-            parse("--steady", "--output-len-spread", "0.25").output_len_spread, 0.25
+            sweep_args("--steady", "--output-len-spread", "0.25").output_len_spread,
+            0.25,
         )
         for flags in (
             ["--steady", "--output-len-spread", "1"],
@@ -812,7 +817,7 @@ class TestBenchSweepResults(CustomTestCase):
             with self.assertRaises(SystemExit), contextlib.redirect_stderr(
                 io.StringIO()
             ):
-                parse(*flags)
+                sweep_args(*flags)
 
     def streaming_server(self, token_seconds: Callable[[int], float]):
         """one_request of a stand-in server that streams each token of a request
@@ -984,14 +989,8 @@ class TestBenchSweepResults(CustomTestCase):
 
     def test_config_server_flags(self):
         configs = sweep.configs.build_configs(disable_threshold=16)
-        args = argparse.Namespace(
-            attention_backend="triton",
-            tp_size=2,
-            concurrency=[1, 64],
-            mem_fraction_static=0.8,
-            stream_interval=1,
-            draft_arch="eagle3",
-        )
+        # without the ramp, whose largest load would size the servers
+        args = sweep_args("--tp-size", "2", "--concurrency", "1,64", ramp=[])
         flags = " ".join(
             sweep.server.config_server_args(args, configs["loadaware-topk4"], "/d")
         )
@@ -1139,14 +1138,7 @@ class TestBenchSweepResults(CustomTestCase):
         )
 
         config = sweep.configs.KNOWN_CONFIGS["upstream-steps0-topk1"]
-        args = argparse.Namespace(
-            attention_backend="triton",
-            tp_size=1,
-            concurrency=[1, 256],
-            mem_fraction_static=0.8,
-            stream_interval=1,
-            draft_arch="eagle3",
-        )
+        args = sweep_args("--concurrency", "1,256")
         flags = sweep.server.config_server_args(args, config, "/d")
         joined = " ".join(flags)
         self.assertIn(
@@ -1246,16 +1238,7 @@ class TestBenchSweepResults(CustomTestCase):
             yield base_url, mock.Mock(pid=7)
 
         code = {"sglang": "pristine upstream", "origin": "/p/sglang/__init__.py"}
-        args = argparse.Namespace(
-            attention_backend="triton",
-            tp_size=1,
-            concurrency=[1, 8],
-            mem_fraction_static=0.8,
-            stream_interval=1,
-            draft_arch="eagle3",
-            step_trace=True,
-            url="u",
-        )
+        args = sweep_args("--concurrency", "1,8", "--url", "u")
         config = sweep.configs.KNOWN_CONFIGS["upstream-steps0-topk1"]
         with mock.patch.multiple(
             sweep.server,
@@ -1289,16 +1272,7 @@ class TestBenchSweepResults(CustomTestCase):
             launched.append(env)
             yield base_url, mock.Mock(pid=7)
 
-        args = argparse.Namespace(
-            attention_backend="triton",
-            tp_size=1,
-            concurrency=[1],
-            mem_fraction_static=0.8,
-            stream_interval=1,
-            draft_arch="eagle3",
-            step_trace=True,
-            url="u",
-        )
+        args = sweep_args("--concurrency", "1", "--url", "u")
         with tempfile.TemporaryDirectory() as logs, mock.patch.multiple(
             sweep.server,
             running_server=running_server,
@@ -1336,15 +1310,7 @@ class TestBenchSweepResults(CustomTestCase):
             )
 
     def test_servers_fit_the_largest_decode_rate_batch(self):
-        args = argparse.Namespace(
-            attention_backend="triton",
-            tp_size=1,
-            concurrency=[1, 64],
-            mem_fraction_static=0.8,
-            stream_interval=1,
-            draft_arch="eagle3",
-            decode_rate=[128, 256],
-        )
+        args = sweep_args("--concurrency", "1,64", "--decode-rate", "128,256")
         nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
         flags = " ".join(sweep.server.config_server_args(args, nospec, "/d"))
         self.assertIn("--cuda-graph-max-bs 256 --max-running-requests 257 ", flags)
@@ -1463,14 +1429,7 @@ class TestBenchSweepResults(CustomTestCase):
         )
         # Its client counts and times only streamed text: servers keep their
         # tokenizer, and with it or without, run the same front end.
-        server = argparse.Namespace(
-            attention_backend="triton",
-            tp_size=1,
-            concurrency=[8],
-            mem_fraction_static=0.8,
-            stream_interval=1,
-            draft_arch="eagle3",
-        )
+        server = sweep_args("--concurrency", "8")
         nospec = sweep.configs.KNOWN_CONFIGS["nospec"]
         without = sweep.server.config_server_args(server, nospec, "/d")
         server.bench_serving = [8]
@@ -1744,16 +1703,12 @@ class TestBenchSweepResults(CustomTestCase):
         self.assertNotIn("eagle3-topk1", table)
 
     def test_bench_serving_runs_at_every_point_or_at_the_c_listed(self):
-        def parse(*flags: str) -> argparse.Namespace:
-            with mock.patch.object(sys, "argv", ["bench_sweep.py", *flags]):
-                return sweep.cli.parse_args(None)
-
         at = sweep.bench_serving.bench_serving_at
-        every = parse("--bench-serving")
+        every = sweep_args("--bench-serving")
         self.assertTrue(at(every, 1) and at(every, 128))
-        listed = parse("--bench-serving", "16,128")
+        listed = sweep_args("--bench-serving", "16,128")
         self.assertEqual([c for c in (1, 16, 64, 128) if at(listed, c)], [16, 128])
-        off = parse()
+        off = sweep_args()
         self.assertFalse(at(off, 16))
         self.assertFalse(sweep.bench_serving.bench_serving_enabled(off))
         for args in (every, listed):
