@@ -268,6 +268,43 @@ def with_synthetic_tokenizer(model_path: str, server_args: Sequence[str]) -> Lis
     return args
 
 
+def run_check_in_child(
+    test_file: str, child_arg: str, env: Optional[Dict[str, str]] = None
+) -> "subprocess.CompletedProcess":
+    """``python test_file child_arg PORT`` with a free PORT, its output captured: a
+    check that initializes torch.distributed runs in a process of its own."""
+    from sglang.srt.utils.network import get_free_port
+
+    return subprocess.run(
+        [sys.executable, test_file, child_arg, str(get_free_port())],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def init_single_rank_model_parallel(port: int, device: str) -> None:
+    """What a model is built under in a one-rank process: the process group (nccl
+    on CUDA, gloo on the CPU) on PORT, the model parallel groups and the global
+    server args."""
+    from sglang.srt.distributed import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    init_distributed_environment(
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+        backend="nccl" if device == "cuda" else "gloo",
+    )
+    initialize_model_parallel(1)
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", device=device))
+
+
 @contextlib.contextmanager
 def running_server(
     model_path: str,

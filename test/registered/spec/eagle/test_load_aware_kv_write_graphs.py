@@ -10,13 +10,15 @@ Runs in a child process (it initializes torch.distributed).
 """
 
 import functools
-import subprocess
 import sys
 import unittest
 
 import pytest
-from sglang.srt.utils.network import get_free_port
 from sglang.test.ci.ci_register import register_cuda_ci
+from sglang.test.spec_engine_utils import (
+    init_single_rank_model_parallel,
+    run_check_in_child,
+)
 from sglang.test.test_utils import CustomTestCase
 
 register_cuda_ci(est_time=60, suite="base-b-test-1-gpu-large")
@@ -35,25 +37,12 @@ def check_on_gpu(port: int) -> None:
     import torch
     from transformers import LlamaConfig
 
-    from sglang.srt.distributed import (
-        init_distributed_environment,
-        initialize_model_parallel,
-    )
     from sglang.srt.distributed.parallel_state import graph_capture
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
     from sglang.srt.speculative.load_aware import DraftKVWriteGraphs
 
-    init_distributed_environment(
-        world_size=1,
-        rank=0,
-        local_rank=0,
-        distributed_init_method=f"tcp://127.0.0.1:{port}",
-        backend="nccl",
-    )
-    initialize_model_parallel(1)
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+    init_single_rank_model_parallel(port, "cuda")
 
     dtype = torch.bfloat16
     config = LlamaConfig(
@@ -156,12 +145,7 @@ def check_on_gpu(port: int) -> None:
 
 class TestDraftKVWriteGraphs(CustomTestCase):
     def test_replays_write_what_the_eager_write_writes(self):
-        child = subprocess.run(
-            [sys.executable, __file__, CHILD_ARG, str(get_free_port())],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        child = run_check_in_child(__file__, CHILD_ARG)
         self.assertEqual(child.returncode, 0, child.stderr[-3000:])
         self.assertIn("ok", child.stdout)
 

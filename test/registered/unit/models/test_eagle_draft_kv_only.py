@@ -8,13 +8,14 @@ into another; for EAGLE-3 heads, for each normalization the forward can apply to
 the target's hidden states before fc (none, fc_norm, norm_before_fc, both).
 """
 
-import os
-import subprocess
 import sys
 import unittest
 
-from sglang.srt.utils.network import get_free_port
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.spec_engine_utils import (
+    init_single_rank_model_parallel,
+    run_check_in_child,
+)
 from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
@@ -43,10 +44,6 @@ def check_in_cpu_engine(port: int) -> None:
     import torch
     from transformers import LlamaConfig, Qwen2Config
 
-    from sglang.srt.distributed import (
-        init_distributed_environment,
-        initialize_model_parallel,
-    )
     from sglang.srt.layers.attention.torch_native_backend import (
         TorchNativeAttnBackend,
     )
@@ -60,17 +57,8 @@ def check_in_cpu_engine(port: int) -> None:
     from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
     from sglang.srt.models.mistral_eagle import MistralForCausalLMEagle
     from sglang.srt.models.qwen2_eagle import Qwen2ForCausalLMEagle
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    init_distributed_environment(
-        world_size=1,
-        rank=0,
-        local_rank=0,
-        distributed_init_method=f"tcp://127.0.0.1:{port}",
-        backend="gloo",
-    )
-    initialize_model_parallel(1)
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", device="cpu"))
+    init_single_rank_model_parallel(port, "cpu")
 
     def build_model(
         model_class, num_hidden_layers=1, config_class=LlamaConfig, **attrs
@@ -205,13 +193,8 @@ def check_in_cpu_engine(port: int) -> None:
 
 class TestWriteKVCacheOnly(CustomTestCase):
     def test_writes_what_the_forward_writes(self):
-        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-        child = subprocess.run(
-            [sys.executable, __file__, CHILD_ARG, str(get_free_port())],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
+        child = run_check_in_child(
+            __file__, CHILD_ARG, env={"SGLANG_USE_CPU_ENGINE": "1"}
         )
         self.assertEqual(child.returncode, 0, child.stderr[-3000:])
 
