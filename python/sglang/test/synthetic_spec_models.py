@@ -18,9 +18,9 @@ The default draft's proposal depends only on its current input token, so it
 works the same with a stale draft KV cache. ``--draft-kv-check`` writes a draft
 (same target, same proposals) that is right only if the draft KV cache holds,
 at the previous position, what the draft extend writes there (see below).
-``--draft-arch eagle`` writes an EAGLE draft (``LlamaForCausalLMEagle``, one
-layer) instead, which proposes what the target decodes: acceptance 1
-(``_write_eagle_draft``).
+``--draft-arch eagle`` writes an EAGLE draft (``LlamaForCausalLMEagle``, or
+``Qwen2ForCausalLMEagle`` for a Qwen2 target; one layer) instead, which proposes
+what the target decodes: acceptance 1 (``_write_eagle_draft``).
 
 Token map
 ---------
@@ -264,8 +264,11 @@ PRESETS: Dict[str, Preset] = {
 # --tokenizer-path tokenizer_dir(target) (see there).
 PRESETS["dense32b-32l"] = dataclasses.replace(PRESETS["dense32b"], num_layers=32)
 # The tiny shapes in the other architectures (CPU tests of the dense32b / qwen3moe
-# paths).
-PRESETS["tiny-qwen2"] = dataclasses.replace(PRESETS["tiny"], architecture="qwen2")
+# paths). The Qwen2 one has as many hidden units as its heads' (as dense32b does):
+# on a CPU, SGLang's Qwen2 layers take their head size from the two.
+PRESETS["tiny-qwen2"] = dataclasses.replace(
+    PRESETS["tiny"], architecture="qwen2", hidden_size=512
+)
 PRESETS["tiny-qwen3moe"] = dataclasses.replace(
     PRESETS["tiny"],
     architecture="qwen3_moe",
@@ -278,6 +281,11 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+# The EAGLE draft of a target, by the target's architecture.
+EAGLE_DRAFT_ARCHITECTURES = {
+    "llama": "LlamaForCausalLMEagle",
+    "qwen2": "Qwen2ForCausalLMEagle",
 }
 
 
@@ -856,11 +864,13 @@ def _write_draft(
 def _write_eagle_draft(
     draft_dir: str, p: Preset, codes: torch.Tensor, filler: _Filler, device: str
 ) -> None:
-    """A one-layer EAGLE draft (``LlamaForCausalLMEagle``) that proposes what the
-    target decodes: its output is ``fc``'s copy of the input token's embedding at
-    the scale of the target's final norm, which the target's lm_head (an EAGLE
-    draft shares it) maps to ``pi`` of that token. Attention and MLP add nothing
-    (zero o_proj and down_proj) but read and write the draft KV like any draft."""
+    """A one-layer EAGLE draft of the target's architecture
+    (``EAGLE_DRAFT_ARCHITECTURES``) that proposes what the target decodes: its
+    output is ``fc``'s copy of the input token's embedding at the scale of the
+    target's final norm, which the target's lm_head (an EAGLE draft shares it) maps
+    to ``pi`` of that token. Attention and MLP add nothing (zero o_proj and
+    down_proj) but read and write the draft KV like any draft; a Qwen2 draft's
+    q/k/v projections have biases, as Qwen2's do."""
     d, q_dim, kv_dim = (
         p.hidden_size,
         p.num_heads * p.head_dim,
@@ -877,8 +887,10 @@ def _write_eagle_draft(
     writer.add("fc.bias", _zeros((d,), device))
     prefix = "layers.0."
     for name, rows in (("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim)):
-        name = f"{prefix}self_attn.{name}.weight"
-        writer.add(name, filler.randn(name, (rows, d), d**-0.5))
+        name = f"{prefix}self_attn.{name}"
+        writer.add(f"{name}.weight", filler.randn(f"{name}.weight", (rows, d), d**-0.5))
+        if p.architecture == "qwen2":
+            writer.add(f"{name}.bias", filler.randn(f"{name}.bias", (rows,), 1.0))
     writer.add(f"{prefix}self_attn.o_proj.weight", _zeros((d, q_dim), device))
     writer.add(f"{prefix}post_attention_layernorm.weight", _ones(d, device))
     inter = p.draft_intermediate_size
@@ -887,11 +899,9 @@ def _write_eagle_draft(
         writer.add(name, filler.randn(name, (inter, d), d**-0.5))
     writer.add(f"{prefix}mlp.down_proj.weight", _zeros((d, inter), device))
     writer.close()
-    llama = dataclasses.replace(p, architecture="llama", intermediate_size=inter)
-    _write_json(
-        os.path.join(draft_dir, "config.json"),
-        {**_target_config(llama, 1), "architectures": ["LlamaForCausalLMEagle"]},
-    )
+    config = _target_config(dataclasses.replace(p, intermediate_size=inter), 1)
+    config["architectures"] = [EAGLE_DRAFT_ARCHITECTURES[p.architecture]]
+    _write_json(os.path.join(draft_dir, "config.json"), config)
 
 
 def token_name(token_id: int) -> str:
@@ -1062,6 +1072,11 @@ def generate(
     if draft_arch == "eagle" and (draft_kv_check or draft_accept != 1.0):
         raise ValueError("the EAGLE draft accepts all: draft_accept 1, no KV check")
     p = PRESETS[preset]
+    if draft_arch == "eagle" and p.architecture not in EAGLE_DRAFT_ARCHITECTURES:
+        raise ValueError(
+            f"no EAGLE draft for a {p.architecture} target; "
+            f"one for {sorted(EAGLE_DRAFT_ARCHITECTURES)}"
+        )
     num_layers = num_layers or p.num_layers
     if num_layers < 7:
         raise ValueError("EAGLE-3 taps layers 2, L/2 and L-3: need at least 7 layers")
@@ -1122,9 +1137,9 @@ def _parse_args() -> argparse.Namespace:
         "--draft-arch",
         choices=["eagle3", "eagle"],
         default="eagle3",
-        help="eagle: an EAGLE draft (LlamaForCausalLMEagle, serve with "
-        "--speculative-algorithm EAGLE) proposing what the target decodes; "
-        "needs --draft-accept 1",
+        help="eagle: an EAGLE draft (LlamaForCausalLMEagle, or Qwen2ForCausalLMEagle "
+        "for a Qwen2 target; serve with --speculative-algorithm EAGLE) proposing "
+        "what the target decodes; needs --draft-accept 1",
     )
     return parser.parse_args()
 

@@ -101,6 +101,7 @@ class LoadAwareServerBase(CustomTestCase):
     seed = 11
     draft_kv_check = False
     draft_arch = "eagle3"  # "eagle": an EAGLE draft (synthetic_pair), served as such
+    preset = "tiny"
     extra_args: List[str] = []
     extra_env: Dict[str, str] = {}
     server_log: Optional[str] = None  # a path: the server's output goes there
@@ -127,7 +128,7 @@ class LoadAwareServerBase(CustomTestCase):
     @classmethod
     def setUpClass(cls):
         cls.target, cls.draft = synthetic_pair(
-            "tiny",
+            cls.preset,
             cls.draft_accept,
             draft_kv_check=cls.draft_kv_check,
             draft_arch=cls.draft_arch,
@@ -599,6 +600,12 @@ class TestLoadAwareFrequentResumeEagleDraft(TestLoadAwareFrequentResumeKVCheck):
     draft_arch = "eagle"
     draft_accept = 1.0
     draft_kv_check = False
+
+
+class TestLoadAwareFrequentResumeQwen2EagleDraft(TestLoadAwareFrequentResumeEagleDraft):
+    """The same with the EAGLE draft of a Qwen2 target (Qwen2ForCausalLMEagle)."""
+
+    preset = "tiny-qwen2"
 
 
 class TestLoadAwareFrequentResumeKVCheckFullCatchUpFlashinfer(

@@ -87,13 +87,17 @@ class CpuEngineTestBase(CustomTestCase):
     # "eagle": synthetic_pair's EAGLE draft (acceptance 1) instead of the KV-check
     # EAGLE-3 head.
     draft_arch = "eagle3"
+    preset = "tiny"
 
     @classmethod
     def setUpClass(cls):
         eagle3 = cls.draft_arch == "eagle3"
         cls.draft_accept = DRAFT_ACCEPT if eagle3 else 1.0
         cls.target, cls.draft = synthetic_pair(
-            "tiny", cls.draft_accept, draft_kv_check=eagle3, draft_arch=cls.draft_arch
+            cls.preset,
+            cls.draft_accept,
+            draft_kv_check=eagle3,
+            draft_arch=cls.draft_arch,
         )
         cls.token_map = next_token_map(cls.target.rsplit("/", 1)[0])
         cls._tmp = tempfile.TemporaryDirectory()
@@ -311,6 +315,12 @@ class TestEagleDraftChainThresholdOverlap(ThresholdTests, CpuEngineTestBase):
 
     draft_arch = "eagle"
     seed = 3
+
+
+class TestQwen2EagleDraftChainThresholdOverlap(TestEagleDraftChainThresholdOverlap):
+    """The same with the EAGLE draft of a Qwen2 target (Qwen2ForCausalLMEagle)."""
+
+    preset = "tiny-qwen2"
 
 
 class TestTreeThresholdNoOverlap(ThresholdTests, CpuEngineTestBase):

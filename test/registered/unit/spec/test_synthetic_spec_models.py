@@ -685,12 +685,15 @@ class TestEagleDraft(CustomTestCase):
     output the target's lm_head, which an EAGLE draft shares, maps to what the
     target decodes."""
 
+    preset = "tiny"
+    architecture = "LlamaForCausalLMEagle"
+
     @classmethod
     def setUpClass(cls) -> None:
         cls._tmp = tempfile.TemporaryDirectory()
         cls.out = cls._tmp.name
         cls.target_dir, cls.draft_dir = ssm.generate(
-            "tiny", cls.out, draft_accept=1.0, seed=1, draft_arch="eagle"
+            cls.preset, cls.out, draft_accept=1.0, seed=1, draft_arch="eagle"
         )
 
     @classmethod
@@ -699,17 +702,18 @@ class TestEagleDraft(CustomTestCase):
 
     def test_checkpoint_layout(self) -> None:
         cfg = AutoConfig.from_pretrained(self.draft_dir)
-        self.assertEqual(cfg.architectures, ["LlamaForCausalLMEagle"])
+        self.assertEqual(cfg.architectures, [self.architecture])
         self.assertEqual(cfg.num_hidden_layers, 1)
         d, hd = cfg.hidden_size, cfg.head_dim
         q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-        inter = ssm.PRESETS["tiny"].draft_intermediate_size
+        inter = ssm.PRESETS[self.preset].draft_intermediate_size
         self.assertEqual(cfg.intermediate_size, inter)
         # llama_eagle.py: fc over cat(embedding, target hidden state); no
         # input_layernorm in the first layer, no final norm, the target's lm_head.
         self.assertEqual(
             _tensor_shapes(self.draft_dir),
             {
+                **self.attention_biases(q, kv),
                 "embed_tokens.weight": (cfg.vocab_size, d),
                 "fc.weight": (d, 2 * d),
                 "fc.bias": (d,),
@@ -724,6 +728,9 @@ class TestEagleDraft(CustomTestCase):
             },
         )
         self.assertEqual(ssm.load_spec(self.out)["draft_arch"], "eagle")
+
+    def attention_biases(self, q: int, kv: int) -> dict:
+        return {}
 
     def test_proposes_what_the_target_decodes(self) -> None:
         draft = load_file(os.path.join(self.draft_dir, "model.safetensors"))
@@ -747,6 +754,26 @@ class TestEagleDraft(CustomTestCase):
     def test_needs_full_acceptance(self) -> None:
         with tempfile.TemporaryDirectory() as out, self.assertRaises(ValueError):
             ssm.generate("tiny", out, draft_accept=0.9, draft_arch="eagle")
+
+    def test_is_refused_for_a_target_without_one(self) -> None:
+        with tempfile.TemporaryDirectory() as out, self.assertRaisesRegex(
+            ValueError, "no EAGLE draft for a qwen3_moe target"
+        ):
+            ssm.generate("tiny-qwen3moe", out, draft_accept=1.0, draft_arch="eagle")
+
+
+class TestQwen2EagleDraft(TestEagleDraft):
+    """The EAGLE draft of a Qwen2 target: a Qwen2ForCausalLMEagle checkpoint, whose
+    q/k/v projections have biases."""
+
+    preset = "tiny-qwen2"
+    architecture = "Qwen2ForCausalLMEagle"
+
+    def attention_biases(self, q: int, kv: int) -> dict:
+        return {
+            f"layers.0.self_attn.{name}.bias": (rows,)
+            for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv))
+        }
 
 
 if __name__ == "__main__":
