@@ -47,7 +47,7 @@ from sglang.test.synthetic_spec_models import (
 )
 from sglang.test.test_utils import CustomTestCase
 
-register_cuda_ci(est_time=1500, suite="base-b-test-1-gpu-large")
+register_cuda_ci(est_time=1660, suite="base-b-test-1-gpu-large")
 pytestmark = pytest.mark.gpu
 
 PROMPT_LEN = 16

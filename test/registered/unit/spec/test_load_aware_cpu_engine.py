@@ -49,7 +49,7 @@ from sglang.test.synthetic_spec_models import (
 )
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=990, suite="base-a-test-cpu")
+register_cpu_ci(est_time=1050, suite="base-a-test-cpu")
 
 DRAFT_ACCEPT = 0.8
 PROMPT_LEN = 16
