@@ -751,16 +751,6 @@ class TestEagleDraft(CustomTestCase):
         self.assertTrue(torch.equal(top2.indices[:, 0], next_token))
         self.assertGreater(gap, ssm.TARGET_MIN_MARGIN)
 
-    def test_needs_full_acceptance(self) -> None:
-        with tempfile.TemporaryDirectory() as out, self.assertRaises(ValueError):
-            ssm.generate("tiny", out, draft_accept=0.9, draft_arch="eagle")
-
-    def test_is_refused_for_a_target_without_one(self) -> None:
-        with tempfile.TemporaryDirectory() as out, self.assertRaisesRegex(
-            ValueError, "no EAGLE draft for a qwen3_moe target"
-        ):
-            ssm.generate("tiny-qwen3moe", out, draft_accept=1.0, draft_arch="eagle")
-
 
 class TestQwen2EagleDraft(TestEagleDraft):
     """The EAGLE draft of a Qwen2 target: a Qwen2ForCausalLMEagle checkpoint, whose
@@ -774,6 +764,18 @@ class TestQwen2EagleDraft(TestEagleDraft):
             f"layers.0.self_attn.{name}.bias": (rows,)
             for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv))
         }
+
+
+class TestEagleDraftRefusals(CustomTestCase):
+    def test_needs_full_acceptance(self) -> None:
+        with tempfile.TemporaryDirectory() as out, self.assertRaises(ValueError):
+            ssm.generate("tiny", out, draft_accept=0.9, draft_arch="eagle")
+
+    def test_is_refused_for_a_target_without_one(self) -> None:
+        with tempfile.TemporaryDirectory() as out, self.assertRaisesRegex(
+            ValueError, "no EAGLE draft for a qwen3_moe target"
+        ):
+            ssm.generate("tiny-qwen3moe", out, draft_accept=1.0, draft_arch="eagle")
 
 
 if __name__ == "__main__":
