@@ -16,8 +16,9 @@ from sglang.test.spec_engine_utils import (
     SPECULATIVE_ALGORITHMS,
     synthetic_pair,
     synthetic_pair_dir,
+    synthetic_pair_is_current,
 )
-from sglang.test.synthetic_spec_models import SPEC_FILE, parse_draft_accept
+from sglang.test.synthetic_spec_models import parse_draft_accept
 from sweep.bench_serving import BENCH_SERVING_MODULE
 from sweep.configs import Config, build_configs, pristine_upstream
 from sweep.records import (
@@ -199,7 +200,7 @@ def generated_pair(
         synthetic_pair, preset, draft_accept, draft_arch=draft_arch
     )
     pair_dir = synthetic_pair_dir(preset, draft_accept, draft_arch=draft_arch)
-    if os.path.isfile(os.path.join(pair_dir, SPEC_FILE)):
+    if synthetic_pair_is_current(pair_dir):
         return pair()
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:

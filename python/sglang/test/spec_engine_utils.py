@@ -8,12 +8,14 @@ of speculative and plain engines can be compared token by token.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
 import json
 import os
 import pkgutil
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 SYNTHETIC_MODELS_DIR_ENV = "SGLANG_SYNTHETIC_MODELS_DIR"
+# In a cached pair's directory: the digest of the generator source that wrote it.
+GENERATOR_DIGEST_FILE = "generator.sha256"
 # The checkout this module lies in (python/sglang/test/ -> the repository root).
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -112,6 +116,19 @@ def synthetic_pair_dir(
     )
 
 
+def generator_digest() -> str:
+    """The SHA-256 of sglang.test.synthetic_spec_models' source."""
+    origin = importlib.util.find_spec("sglang.test.synthetic_spec_models").origin
+    return hashlib.sha256(Path(origin).read_bytes()).hexdigest()
+
+
+def synthetic_pair_is_current(out_dir: str) -> bool:
+    """Whether out_dir holds a whole pair that this generator wrote: one written by
+    other generator code (another preset shape, another draft) is stale."""
+    digest_file = Path(out_dir, GENERATOR_DIGEST_FILE)
+    return digest_file.is_file() and digest_file.read_text() == generator_digest()
+
+
 def synthetic_pair(
     preset: str = "tiny",
     draft_accept: Union[float, Tuple[float, ...]] = 0.8,
@@ -119,7 +136,8 @@ def synthetic_pair(
     draft_kv_check: bool = False,
     draft_arch: str = "eagle3",
 ) -> Tuple[str, str]:
-    """(target_dir, draft_dir) of a synthetic pair, generated once per cache directory.
+    """(target_dir, draft_dir) of a synthetic pair, generated once per cache directory
+    and generator source (``synthetic_pair_is_current``).
 
     ``draft_kv_check``: the draft variant that proposes right only when its KV cache
     of the previous position is valid (catches stale draft KV after plain steps).
@@ -127,14 +145,11 @@ def synthetic_pair(
     it with ``eagle3_args(..., draft_arch="eagle")``).
     """
     import torch
-    from sglang.test.synthetic_spec_models import (
-        SPEC_FILE,
-        generate,
-        write_tokenizer_dir,
-    )
+    from sglang.test.synthetic_spec_models import generate
 
     out_dir = synthetic_pair_dir(preset, draft_accept, seed, draft_kv_check, draft_arch)
-    if not os.path.isfile(os.path.join(out_dir, SPEC_FILE)):
+    if not synthetic_pair_is_current(out_dir):
+        shutil.rmtree(out_dir, ignore_errors=True)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         generate(
             preset,
@@ -148,9 +163,8 @@ def synthetic_pair(
         if device == "cuda":
             # Servers launched next by this process need the memory.
             torch.cuda.empty_cache()
-    target_dir = os.path.join(out_dir, "target")
-    write_tokenizer_dir(target_dir)  # pairs generated before it existed
-    return target_dir, os.path.join(out_dir, "draft")
+        Path(out_dir, GENERATOR_DIGEST_FILE).write_text(generator_digest())
+    return os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
 
 
 def random_prompts(

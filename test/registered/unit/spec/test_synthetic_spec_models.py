@@ -6,12 +6,15 @@ import os
 import random
 import tempfile
 import unittest
+from pathlib import Path
 from typing import Dict, List, Optional, Tuple
+from unittest import mock
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from sglang.test import synthetic_spec_models as ssm
+from sglang.test import spec_engine_utils
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -776,6 +779,33 @@ class TestEagleDraftRefusals(CustomTestCase):
             ValueError, "no EAGLE draft for a qwen3_moe target"
         ):
             ssm.generate("tiny-qwen3moe", out, draft_accept=1.0, draft_arch="eagle")
+
+
+class TestSyntheticPairCache(CustomTestCase):
+    def test_a_pair_written_by_other_generator_code_is_written_again(self) -> None:
+        with tempfile.TemporaryDirectory() as root, mock.patch.dict(
+            os.environ, {spec_engine_utils.SYNTHETIC_MODELS_DIR_ENV: root}
+        ):
+            target, _ = spec_engine_utils.synthetic_pair("tiny", 0.8)
+            pair_dir = Path(target).parent
+            with mock.patch.object(
+                ssm, "generate", side_effect=AssertionError("generated again")
+            ):
+                self.assertEqual(
+                    spec_engine_utils.synthetic_pair("tiny", 0.8)[0], target
+                )
+            # As left by an older generator: another digest, a shard it wrote.
+            digest = pair_dir / spec_engine_utils.GENERATOR_DIGEST_FILE
+            digest.write_text("older")
+            (pair_dir / "draft" / "model-00002-of-00002.safetensors").write_text("")
+            self.assertFalse(spec_engine_utils.synthetic_pair_is_current(pair_dir))
+            spec_engine_utils.synthetic_pair("tiny", 0.8)
+            self.assertTrue(spec_engine_utils.synthetic_pair_is_current(pair_dir))
+            self.assertEqual(digest.read_text(), spec_engine_utils.generator_digest())
+            self.assertEqual(
+                sorted(os.listdir(pair_dir / "draft")),
+                ["config.json", "model.safetensors"],
+            )
 
 
 if __name__ == "__main__":
