@@ -284,7 +284,7 @@ def with_synthetic_tokenizer(model_path: str, server_args: Sequence[str]) -> Lis
 
 def run_check_in_child(
     test_file: str, child_arg: str, env: Optional[Dict[str, str]] = None
-) -> "subprocess.CompletedProcess":
+) -> subprocess.CompletedProcess:
     """``python test_file child_arg PORT`` with a free PORT, its output captured: a
     check that initializes torch.distributed runs in a process of its own."""
     from sglang.srt.utils.network import get_free_port
