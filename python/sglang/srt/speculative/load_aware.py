@@ -85,7 +85,10 @@ from sglang.srt.speculative.eagle_utils import (
     get_draft_input_from_target_hidden_dim,
 )
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
-from sglang.srt.speculative.spec_policy import load_aware_unsupported_reason
+from sglang.srt.speculative.spec_policy import (
+    has_zero_step_tiers,
+    load_aware_unsupported_reason,
+)
 from sglang.srt.utils import get_available_gpu_memory, log_info_on_rank0
 from sglang.srt.utils.common import fast_topk, temp_attr_context
 
@@ -110,9 +113,7 @@ def build_plain_step(worker: EAGLEWorkerV2) -> Optional[LoadAwarePlainStep]:
     upstream's one-node verify; the load-aware thresholds refuse it.
     """
     threshold = get_spec().speculative_disable_batch_threshold
-    adaptive = worker.adaptive_controller
-    zero_step_tiers = adaptive is not None and 0 in adaptive.candidate_steps
-    if threshold is None and not zero_step_tiers:
+    if threshold is None and not has_zero_step_tiers(worker.adaptive_controller):
         return None
     reason = load_aware_worker_unsupported_reason(worker)
     if reason is None:

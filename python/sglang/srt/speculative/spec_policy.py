@@ -53,6 +53,7 @@ from sglang.srt.environ import envs
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class SpecPolicy:
         enable_batch_threshold: Optional[int] = None,
         min_dwell_steps: int = DEFAULT_MIN_DWELL_STEPS,
         zero_draft_steps: Optional[Callable[[int], bool]] = None,
-    ):
+    ) -> None:
         if disable_batch_threshold is not None and enable_batch_threshold is None:
             enable_batch_threshold = default_enable_batch_threshold(
                 disable_batch_threshold
@@ -155,38 +156,6 @@ class SpecPolicy:
         self.num_toggles = 0
         # Decode steps by (mode, reason), mode "spec" or "plain".
         self.step_counts: Dict[Tuple[str, str], int] = {}
-
-    @classmethod
-    def from_server_args(
-        cls, server_args: ServerArgs, worker: Any = None
-    ) -> Optional[LoadAwarePolicy]:
-        """The policy of a speculative server whose decode steps can be plain,
-        or None. worker: the speculative worker (if it runs plain steps, its
-        adaptive controller's tiers at 0 draft steps are plain steps)."""
-        adaptive = getattr(worker, "adaptive_controller", None)
-        plain_step = getattr(worker, "plain_step", None)
-        threshold = server_args.speculative_disable_batch_threshold
-        if threshold == AUTO:
-            # Imported here: throughput_policy imports this module.
-            from sglang.srt.speculative.throughput_policy import ThroughputSpecPolicy
-
-            return ThroughputSpecPolicy.from_server_args(server_args, worker)
-        zero_draft_steps = None
-        if (
-            plain_step is not None
-            and adaptive is not None
-            and 0 in adaptive.candidate_steps
-        ):
-            params = adaptive.params
-            zero_draft_steps = lambda bs: params.get_steps_for_batch(bs) == 0
-        if threshold is None and zero_draft_steps is None:
-            return None
-        return cls(
-            disable_batch_threshold=threshold,
-            enable_batch_threshold=server_args.speculative_enable_batch_threshold,
-            min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
-            zero_draft_steps=zero_draft_steps,
-        )
 
     @property
     def speculating(self) -> bool:
@@ -248,6 +217,41 @@ class SpecPolicy:
         }
 
 
+def has_zero_step_tiers(adaptive_controller: Optional[AdaptiveController]) -> bool:
+    """Whether ``--speculative-adaptive``'s tiers include 0 draft steps."""
+    return adaptive_controller is not None and 0 in adaptive_controller.candidate_steps
+
+
+def build_load_aware_policy(
+    server_args: ServerArgs, worker: Any = None
+) -> Optional[LoadAwarePolicy]:
+    """The policy of a speculative server whose decode steps can be plain, or
+    None: a ``ThroughputSpecPolicy`` for ``auto``, else a ``SpecPolicy``.
+    worker: the scheduler's model worker (if it runs plain steps, its adaptive
+    controller's tiers at 0 draft steps are plain steps; ``auto`` needs it)."""
+    threshold = server_args.speculative_disable_batch_threshold
+    if threshold == AUTO:
+        # Imported here: throughput_policy imports this module.
+        from sglang.srt.speculative.throughput_policy import ThroughputSpecPolicy
+
+        return ThroughputSpecPolicy.from_server_args(server_args, worker)
+    adaptive = getattr(worker, "adaptive_controller", None)
+    zero_draft_steps = None
+    if getattr(worker, "plain_step", None) is not None and has_zero_step_tiers(
+        adaptive
+    ):
+        params = adaptive.params
+        zero_draft_steps = lambda bs: params.get_steps_for_batch(bs) == 0
+    if threshold is None and zero_draft_steps is None:
+        return None
+    return SpecPolicy(
+        disable_batch_threshold=threshold,
+        enable_batch_threshold=server_args.speculative_enable_batch_threshold,
+        min_dwell_steps=server_args.speculative_load_aware_min_dwell_steps,
+        zero_draft_steps=zero_draft_steps,
+    )
+
+
 def decode_kv_reserve(batch: ScheduleBatch) -> int:
     """KV length a speculative server's decode step reserves per request beyond
     ``kv_committed_len``; the decode memory check and the allocation both use it.
@@ -302,7 +306,7 @@ def steps_by_reason(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
 
 # ---------------------------------------------------------------------------
 # Server args: validation and defaults (called from
-# ServerArgs._handle_speculative_decoding).
+# arg_groups/speculative_hook.handle_speculative_decoding).
 # ---------------------------------------------------------------------------
 
 
@@ -324,7 +328,7 @@ def threshold_error(
                 "--speculative-disable-batch-threshold N"
                 + (
                     " (auto chooses when to speculate)"
-                    if disable_batch_threshold
+                    if disable_batch_threshold == AUTO
                     else ""
                 )
             )

@@ -56,6 +56,7 @@ from typing import (
 
 from sglang.srt.environ import envs
 from sglang.srt.speculative.spec_policy import (
+    DEFAULT_MIN_DWELL_STEPS,
     REASON_DWELL,
     log_toggle,
     mark_plain_step,
@@ -131,7 +132,7 @@ class StepCosts:
         self,
         profile: Dict[int, Dict[int, Optional[float]]],
         window: int = COST_WINDOW,
-    ):
+    ) -> None:
         """profile: {mode: {batch bucket: seconds or None}}, every mode at the same
         buckets; a given time counts as the bucket's first sample."""
         sizes = {tuple(sorted(by_bs)) for by_bs in profile.values()}
@@ -290,7 +291,7 @@ class AcceptanceEstimate:
         prior_accept_length: Dict[int, float],
         ema_alpha: float = 0.1,
         stale_after: int = 256,
-    ):
+    ) -> None:
         """prior_accept_length: for at least one step count, what to expect before a
         speculative step has been observed (1.0: speculation must earn its place);
         the first observation of any step count replaces it for all of them."""
@@ -436,13 +437,13 @@ class ThroughputPolicy:
         costs: StepCosts,
         acceptance: AcceptanceEstimate,
         margin: float = 0.05,
-        min_dwell_steps: int = 8,
+        min_dwell_steps: int = DEFAULT_MIN_DWELL_STEPS,
         probe_interval: int = 256,
         explore_steps: int = 4,
         calibrate_steps: int = 5,
         max_probe_backoff: int = 2,
         min_probe_interval: int = 16,
-    ):
+    ) -> None:
         if PLAIN not in costs.modes:
             raise ValueError("the step costs need the plain step (mode 0)")
         missing = set(acceptance.draft_step_counts) - set(costs.modes)
@@ -823,7 +824,7 @@ class PendingObservations:
     ranks' per-fold medians and sums before every rank folds the same totals into
     its policy."""
 
-    def __init__(self, modes: Sequence[int], batch_sizes: Sequence[int]):
+    def __init__(self, modes: Sequence[int], batch_sizes: Sequence[int]) -> None:
         # Every rank flattens its sums in this order for the reduce.
         self._time_keys = [(m, bs) for m in modes for bs in batch_sizes]
         self._modes = list(modes)
@@ -896,7 +897,7 @@ class StepTrace:
     decisions' times hold what the timed steps leave out: prefills in between and
     the steps around a switch."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str) -> None:
         self._file = open(path, "a", buffering=1)
 
     def step(self, sample: StepSample) -> None:
@@ -985,7 +986,7 @@ class ThroughputSpecPolicy:
         reduce: Optional[Callable[[List[float]], List[float]]],
         fold_interval: int,
         trace: Optional[StepTrace] = None,
-    ):
+    ) -> None:
         if fold_interval < 1:
             raise ValueError(f"fold_interval must be >= 1, got {fold_interval}")
         if not speculative_steps or PLAIN in speculative_steps:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_policy import (
-    SpecPolicy,
+    build_load_aware_policy,
     default_enable_batch_threshold,
     load_aware_unsupported_reason,
     plain_decode_graph_reserve_mb,
@@ -232,13 +232,13 @@ class TestLoadAwareValidationPure(CustomTestCase):
         self.assertIsNone(args.speculative_enable_batch_threshold)
 
     def test_policy_from_args(self):
-        self.assertIsNone(SpecPolicy.from_server_args(default_args_namespace()))
+        self.assertIsNone(build_load_aware_policy(default_args_namespace()))
         args = default_args_namespace(
             speculative_disable_batch_threshold=10,
             speculative_load_aware_min_dwell_steps=2,
         )
         resolve_load_aware_server_args(args)
-        policy = SpecPolicy.from_server_args(args)
+        policy = build_load_aware_policy(args)
         self.assertEqual(
             (
                 policy.disable_batch_threshold,
@@ -487,7 +487,7 @@ class TestLoadAwareServerArgs(CustomTestCase):
             speculative_disable_batch_threshold=12,
             speculative_load_aware_min_dwell_steps=0,
         )
-        policy = SpecPolicy.from_server_args(args)
+        policy = build_load_aware_policy(args)
         self.assertEqual(
             (policy.disable_batch_threshold, policy.enable_batch_threshold), (12, 9)
         )
@@ -495,7 +495,7 @@ class TestLoadAwareServerArgs(CustomTestCase):
             [policy.decide(bs).speculate for bs in (11, 12, 10, 9)],
             [True, False, False, True],
         )
-        self.assertIsNone(SpecPolicy.from_server_args(self.make()))
+        self.assertIsNone(build_load_aware_policy(self.make()))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from sglang.srt.speculative.spec_policy import (
     REASON_LOW_LOAD,
     REASON_ZERO_DRAFT_STEPS,
     SpecPolicy,
+    build_load_aware_policy,
     decode_kv_reserve,
     default_enable_batch_threshold,
     parse_disable_batch_threshold,
@@ -432,7 +433,7 @@ class TestSpecPolicyZeroDraftSteps(CustomTestCase):
 
 
 def load_aware_args(**overrides):
-    """The four server args SpecPolicy.from_server_args reads."""
+    """The four server args build_load_aware_policy reads."""
     values = dict(
         speculative_disable_batch_threshold=None,
         speculative_enable_batch_threshold=None,
@@ -465,17 +466,17 @@ def adaptive_worker(candidate_steps, params, plain_step=True):
 
 class TestSpecPolicyFromServerArgs(CustomTestCase):
     def test_off_without_threshold_or_zero_step_tier(self):
-        self.assertIsNone(SpecPolicy.from_server_args(load_aware_args()))
+        self.assertIsNone(build_load_aware_policy(load_aware_args()))
         self.assertIsNone(
-            SpecPolicy.from_server_args(
+            build_load_aware_policy(
                 load_aware_args(), SimpleNamespace(adaptive_controller=None)
             )
         )
         worker = adaptive_worker([1, 3, 7], FakeAdaptiveParams({}))
-        self.assertIsNone(SpecPolicy.from_server_args(load_aware_args(), worker))
+        self.assertIsNone(build_load_aware_policy(load_aware_args(), worker))
 
     def test_thresholds(self):
-        policy = SpecPolicy.from_server_args(
+        policy = build_load_aware_policy(
             load_aware_args(
                 speculative_disable_batch_threshold=10,
                 speculative_enable_batch_threshold=7,
@@ -492,14 +493,14 @@ class TestSpecPolicyFromServerArgs(CustomTestCase):
             (10, 7, 2, None),
         )
         # No enable threshold resolved yet: the policy's own default.
-        policy = SpecPolicy.from_server_args(
+        policy = build_load_aware_policy(
             load_aware_args(speculative_disable_batch_threshold=16)
         )
         self.assertEqual(policy.enable_batch_threshold, 12)
 
     def test_adaptive_tiers_without_zero_steps_add_nothing(self):
         worker = adaptive_worker([1, 3, 7], FakeAdaptiveParams({}))
-        policy = SpecPolicy.from_server_args(
+        policy = build_load_aware_policy(
             load_aware_args(speculative_disable_batch_threshold=8), worker
         )
         self.assertIsNone(policy.zero_draft_steps)
@@ -507,12 +508,12 @@ class TestSpecPolicyFromServerArgs(CustomTestCase):
 
     def test_zero_step_tiers_of_a_worker_without_plain_step_add_nothing(self):
         worker = adaptive_worker([0, 1], FakeAdaptiveParams({}), plain_step=False)
-        self.assertIsNone(SpecPolicy.from_server_args(load_aware_args(), worker))
+        self.assertIsNone(build_load_aware_policy(load_aware_args(), worker))
 
     def test_zero_step_tier_alone_makes_a_policy(self):
         steps_by_bs = {1: 3, 8: 1, 64: 0}
         worker = adaptive_worker([0, 1, 3], FakeAdaptiveParams(steps_by_bs))
-        policy = SpecPolicy.from_server_args(load_aware_args(), worker)
+        policy = build_load_aware_policy(load_aware_args(), worker)
         self.assertIsNone(policy.disable_batch_threshold)
         self.assertEqual(policy.decide(1).reason, REASON_LOW_LOAD)
         self.assertEqual(policy.decide(64).reason, REASON_ZERO_DRAFT_STEPS)
@@ -524,7 +525,7 @@ class TestSpecPolicyFromServerArgs(CustomTestCase):
 
     def test_zero_step_tier_with_thresholds(self):
         worker = adaptive_worker([0, 1], FakeAdaptiveParams({4: 0, 5: 1, 20: 1}))
-        policy = SpecPolicy.from_server_args(
+        policy = build_load_aware_policy(
             load_aware_args(
                 speculative_disable_batch_threshold=16,
                 speculative_enable_batch_threshold=8,
@@ -541,7 +542,7 @@ class TestSpecPolicyFromServerArgs(CustomTestCase):
         params = AdaptiveSpeculativeParams(initial_steps=3)
         self.assertIn(0, params.candidate_steps)
         worker = adaptive_worker(params.candidate_steps, params)
-        policy = SpecPolicy.from_server_args(load_aware_args(), worker)
+        policy = build_load_aware_policy(load_aware_args(), worker)
         self.assertTrue(policy.decide(1).speculate)
         self.assertTrue(policy.decide(8).speculate)
         decision = policy.decide(64)
@@ -556,7 +557,7 @@ class TestSpecPolicyFromServerArgs(CustomTestCase):
                 json.dump({"1": {"candidate_steps": [1, 3]}}, f)
             params = AdaptiveSpeculativeParams(initial_steps=3, cfg_path=path)
         worker = adaptive_worker(params.candidate_steps, params)
-        self.assertIsNone(SpecPolicy.from_server_args(load_aware_args(), worker))
+        self.assertIsNone(build_load_aware_policy(load_aware_args(), worker))
 
 
 class TestPlanDecodeStep(CustomTestCase):
