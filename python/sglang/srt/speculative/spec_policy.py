@@ -203,17 +203,14 @@ class SpecPolicy:
 
     def get_state(self) -> Dict[str, Any]:
         """A snapshot for /server_info, metrics and logs."""
-        steps = steps_by_mode(self.step_counts)
         return {
             "speculating": self._speculating,
             "num_toggles": self.num_toggles,
-            "num_spec_steps": steps["spec"],
-            "num_plain_steps": steps["plain"],
             "disable_batch_threshold": self.disable_batch_threshold,
             "enable_batch_threshold": self.enable_batch_threshold,
             "min_dwell_steps": self.min_dwell_steps,
             "adaptive_zero_draft_steps": self.zero_draft_steps is not None,
-            "steps_by_reason": steps_by_reason(self.step_counts),
+            **step_count_state(self.step_counts),
         }
 
 
@@ -291,17 +288,19 @@ def mark_plain_step(batch: ScheduleBatch, plain: bool) -> None:
     batch.spec_plain_step = plain
 
 
-def steps_by_mode(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
-    """Decode steps by mode, "spec" and "plain", from the counts by (mode, reason)."""
+def step_count_state(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, Any]:
+    """The decode step counts of /server_info, from the counts by (mode, reason),
+    mode "spec" or "plain": by mode, and by ``mode/reason``."""
     totals = {"spec": 0, "plain": 0}
     for (mode, _), n in step_counts.items():
         totals[mode] += n
-    return totals
-
-
-def steps_by_reason(step_counts: Dict[Tuple[str, str], int]) -> Dict[str, int]:
-    """Decode steps by (mode, reason) as ``mode/reason`` keys, for /server_info."""
-    return {f"{mode}/{reason}": n for (mode, reason), n in step_counts.items()}
+    return {
+        "num_spec_steps": totals["spec"],
+        "num_plain_steps": totals["plain"],
+        "steps_by_reason": {
+            f"{mode}/{reason}": n for (mode, reason), n in step_counts.items()
+        },
+    }
 
 
 # ---------------------------------------------------------------------------

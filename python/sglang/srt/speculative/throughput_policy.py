@@ -60,8 +60,7 @@ from sglang.srt.speculative.spec_policy import (
     REASON_DWELL,
     log_toggle,
     mark_plain_step,
-    steps_by_mode,
-    steps_by_reason,
+    step_count_state,
 )
 
 if TYPE_CHECKING:
@@ -1124,14 +1123,10 @@ class ThroughputSpecPolicy:
             self.trace.verify(num_steps, num_tokens, num_requests)
 
     def get_state(self) -> Dict[str, object]:
-        step_counts = self.step_counts
-        steps = steps_by_mode(step_counts)
         return {
             "policy": "auto",
             "speculating": self.speculating,
-            "num_spec_steps": steps["spec"],
-            "num_plain_steps": steps["plain"],
             "fold_interval": self.fold_interval,
             **self.policy.get_state(),
-            "steps_by_reason": steps_by_reason(step_counts),
+            **step_count_state(self.step_counts),
         }
