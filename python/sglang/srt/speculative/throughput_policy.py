@@ -569,11 +569,25 @@ class ThroughputPolicy:
         batch_size: int,
         bucket: int,
     ) -> Optional[Tuple[int, str]]:
-        """(mode, reason) of a calibration or probe step instead of ``mode``."""
+        """(mode, reason) of a calibration or probe step instead of ``mode``: the
+        next step of one under way, or the first of a new one (advances the state)."""
         if self._explore_left > 0 and self._explore_bucket in (bucket, None):
             self._explore_left -= 1
             return self._exploring
         self._explore_left = 0
+        return self._start_calibration(
+            mode, rates, batch_size, bucket
+        ) or self._start_probe(mode, rates, batch_size)
+
+    def _start_calibration(
+        self,
+        mode: int,
+        rates: Dict[int, Optional[float]],
+        batch_size: int,
+        bucket: int,
+    ) -> Optional[Tuple[int, str]]:
+        """The first step of timing a mode not yet timed at ``bucket``, if due and
+        worth it."""
         for other in self.modes:
             last = self._calibrated_at.get((other, bucket))
             due = last is None or self._num_decisions - last >= self.probe_interval
@@ -588,6 +602,12 @@ class ThroughputPolicy:
                 return self._start_exploring(
                     other, REASON_CALIBRATE, self.calibrate_steps, bucket
                 )
+        return None
+
+    def _start_probe(
+        self, mode: int, rates: Dict[int, Optional[float]], batch_size: int
+    ) -> Optional[Tuple[int, str]]:
+        """The first step of a probe of the best other mode, if one is due."""
         # No probe comes sooner than min_probe_interval steps after the last.
         if self._steps_since_explore + 1 < self.min_probe_interval:
             return None
