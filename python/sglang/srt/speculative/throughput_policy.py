@@ -12,8 +12,8 @@ a dwell so that a batch at the crossover does not flip every step.
   with TP the ranks' mean of their low medians over a fold. Times measured while
   serving price attention at the context lengths actually served, which a replay
   of the captured graphs (at their capture-time lengths) would not. A bucket timed
-  once costs at most what a larger one costs; a bucket not timed yet costs the
-  lower bound its timed neighbours give.
+  once, in a step that may have stalled, is capped by its neighbours (the class
+  says how); a bucket not timed yet costs the lower bound its timed neighbours give.
 * ``AcceptanceEstimate``: ``E[accept length | m]`` observed over speculative steps
   (an EMA per step count); step counts not observed yet, or not for a while, are
   predicted from the per-token acceptance of a chain fitted to the freshest one
@@ -121,11 +121,12 @@ class StepCosts:
     two samples, where a median would be their mean. A bucket timed once (since its
     start or its last ``restart``) costs at most what a larger measured one costs,
     and, where it took far more than its batch size times a smaller one's time per
-    request, at most that (``_capped``): that sample may have caught a stall, and a
-    mode it priced out would not run there again to be timed (nor, priced from it,
-    at the buckets above). A bucket without samples is priced from its neighbours
-    (``_lower_bound``). A bucket ``restart``-ed keeps its cost until its next
-    sample, which then starts its window afresh."""
+    request, or (speculative modes) than another step count's time there scaled
+    between the two, at most that (``_capped``): that sample may have caught a
+    stall, and a mode it priced out would not run there again to be timed (nor,
+    priced from it, at the buckets above). A bucket without samples is priced from
+    its neighbours (``_lower_bound``). A bucket ``restart``-ed keeps its cost until
+    its next sample, which then starts its window afresh."""
 
     def __init__(
         self,
@@ -159,6 +160,12 @@ class StepCosts:
             for mode, by_bs in profile.items()
         }
         self._seconds = {mode: list(row) for mode, row in self._medians.items()}
+        # Per bucket, the other buckets by distance from it.
+        buckets = range(len(self.batch_sizes))
+        self._nearest_first = [
+            sorted((j for j in buckets if j != i), key=lambda j: abs(j - i))
+            for i in buckets
+        ]
 
     @classmethod
     def unmeasured(
@@ -242,31 +249,56 @@ class StepCosts:
         medians = self._medians[mode]
         for i, median in enumerate(medians):
             if median is not None and (mode, i) in self._timed_once:
-                median = self._capped(medians, i)
+                median = self._capped(mode, i)
             self._seconds[mode][i] = median
 
-    def _capped(self, medians: List[Optional[float]], i: int) -> float:
+    def _capped(self, mode: int, i: int) -> float:
         """The cost of bucket ``i``, timed by one step: at most what a larger
         measured bucket costs (a step costs no less at a larger batch), and at most
-        what a smaller one's time per request gives at its size where the step took
-        over ``STALL_FACTOR`` times that (a step costs no more per request at a
-        larger batch)."""
+        the least of ``_per_request_bound`` and ``_other_mode_bound`` where the step
+        took over ``STALL_FACTOR`` times that."""
+        medians = self._medians[mode]
         cost = min(seconds for seconds in medians[i:] if seconds is not None)
+        bounds = [self._per_request_bound(mode, i), self._other_mode_bound(mode, i)]
+        bound = min((b for b in bounds if b is not None), default=None)
+        if bound is not None and medians[i] > STALL_FACTOR * bound:
+            return min(cost, bound)
+        return cost
+
+    def _per_request_bound(self, mode: int, i: int) -> Optional[float]:
+        """What the smaller buckets' times per request give at bucket ``i``'s size
+        (a step costs no more per request at a larger batch)."""
         size = self.batch_sizes[i]
-        per_request_bound = min(
+        return min(
             (
                 seconds * size / batch_size
-                for seconds, batch_size in zip(medians[:i], self.batch_sizes)
+                for seconds, batch_size in zip(
+                    self._medians[mode][:i], self.batch_sizes
+                )
                 if seconds is not None
             ),
             default=None,
         )
-        if (
-            per_request_bound is not None
-            and medians[i] > STALL_FACTOR * per_request_bound
-        ):
-            return min(cost, per_request_bound)
-        return cost
+
+    def _other_mode_bound(self, mode: int, i: int) -> Optional[float]:
+        """For a speculative mode: what the other speculative modes timed at bucket
+        ``i`` give there, each scaled by its time ratio to ``mode`` at the nearest
+        bucket both were timed at; the highest. Step counts' times grow alike with
+        the batch (a plain step's far slower). A probe runs the best other mode
+        only, so among several step counts, one priced out by a stall would not be
+        timed there again."""
+        if mode == PLAIN:
+            return None
+        row = self._medians[mode]
+        bounds = []
+        for other, medians in self._medians.items():
+            if other in (mode, PLAIN) or medians[i] is None:
+                continue
+            for j in self._nearest_first[i]:
+                if row[j] is not None and medians[j] is not None:
+                    bounds.append(medians[i] * row[j] / medians[j])
+                    break
+        return max(bounds, default=None)
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {

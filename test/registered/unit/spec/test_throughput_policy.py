@@ -233,6 +233,37 @@ class TestStepCosts(CustomTestCase):
         table.observe(3, 128, 0.0460)
         self.assertEqual(table.estimate(3, 128), 0.0460)
 
+    def test_a_stall_in_a_step_counts_only_step_is_capped_by_the_others_times(self):
+        # --speculative-adaptive on an H100 (tiny synthetic model): the only 7-step
+        # step at batch 32 caught a stall; 3 steps cost 1.12x at 32 what they do
+        # at 1, and 7 steps run there at that ratio until timed again.
+        def timed_below_32_and_stalled(step_counts_at_32):
+            table = StepCosts.unmeasured([PLAIN, 1, 3, 7], [1, 2, 4, 8, 16, 32, 64])
+            for mode, seconds in ((PLAIN, 0.00191), (1, 0.00448), (3, 0.00307)):
+                table.observe(mode, 1, seconds)
+                table.observe(mode, 1, seconds)
+            table.observe(7, 1, 0.00404)
+            table.observe(7, 1, 0.00404)
+            for mode, seconds in step_counts_at_32:
+                table.observe(mode, 32, seconds)
+                table.observe(mode, 32, seconds)
+            table.observe(7, 32, 0.0770)
+            return table
+
+        table = timed_below_32_and_stalled([(PLAIN, 0.00277)])
+        self.assertEqual(table.estimate(7, 32), 0.0770)  # a plain step is no guide
+        table = timed_below_32_and_stalled(
+            [(PLAIN, 0.00277), (1, 0.00459), (3, 0.00344)]
+        )
+        self.assertAlmostEqual(table.estimate(7, 32), 0.00344 * 0.00404 / 0.00307)
+        accepted = {s: chain_accept_length(0.95, s) for s in (1, 3, 7)}
+        acceptance = AcceptanceEstimate([1, 3, 7], {3: accepted[3]})
+        for num_steps, accept_length in accepted.items():
+            acceptance.observe(num_steps, accept_length * 10, 10, num_verifies=10)
+        self.assertEqual(ThroughputPolicy(table, acceptance).decide(32).num_steps, 7)
+        table.observe(7, 32, 0.0047)  # the low median of the two
+        self.assertEqual(table.estimate(7, 32), 0.0047)
+
     def test_the_cost_follows_the_last_samples(self):
         table = StepCosts.unmeasured([PLAIN, 3], SIZES, window=3)
         for seconds in (0.010, 0.011, 0.012, 0.020, 0.021):
