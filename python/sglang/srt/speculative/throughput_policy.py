@@ -242,6 +242,7 @@ class StepCosts:
             self._timed_once.discard((mode, i))
         self._medians[mode][i] = statistics.median_low(samples)
         self._update_costs(mode)
+        self._recap_other_step_counts(mode, i)
 
     def _update_costs(self, mode: int) -> None:
         """Each bucket's median; where one step only timed the bucket, capped
@@ -251,6 +252,15 @@ class StepCosts:
             if median is not None and (mode, i) in self._timed_once:
                 median = self._capped(mode, i)
             self._seconds[mode][i] = median
+
+    def _recap_other_step_counts(self, mode: int, i: int) -> None:
+        """Caps the other step counts' costs at bucket ``i`` that one step timed,
+        now that ``mode`` has a time there (``_other_mode_bound``)."""
+        if mode == PLAIN:
+            return
+        for other, j in self._timed_once:
+            if j == i and other not in (mode, PLAIN):
+                self._seconds[other][i] = self._capped(other, i)
 
     def _capped(self, mode: int, i: int) -> float:
         """The cost of bucket ``i``, timed by one step: at most what a larger

@@ -84,6 +84,26 @@ def first_server_costs() -> StepCosts:
     return table
 
 
+def adaptive_costs_with_a_stall(others_at_32: str) -> StepCosts:
+    """Step costs as an H100 server learned them with --speculative-adaptive (tiny
+    synthetic model) at batches 1 and 32, where the only 7-step step caught a
+    stall; the 1- and 3-step steps at 32 timed "before" it, "after" it or "never"."""
+    table = StepCosts.unmeasured([PLAIN, 1, 3, 7], [1, 2, 4, 8, 16, 32, 64])
+
+    def timed_twice(bs: int, seconds_by_mode: dict) -> None:
+        for mode, seconds in seconds_by_mode.items():
+            table.observe(mode, bs, seconds)
+            table.observe(mode, bs, seconds)
+
+    others = {1: 0.00459, 3: 0.00344}
+    timed_twice(1, {PLAIN: 0.00191, 1: 0.00448, 3: 0.00307, 7: 0.00404})
+    timed_twice(32, {PLAIN: 0.00277, **(others if others_at_32 == "before" else {})})
+    table.observe(7, 32, 0.0770)
+    if others_at_32 == "after":
+        timed_twice(32, others)
+    return table
+
+
 def costs_untimed_at(mode: int, batch_size: int) -> StepCosts:
     """The fixture's step costs, every one timed but ``mode``'s at ``batch_size``."""
     table = StepCosts.unmeasured([PLAIN, 3], SIZES)
@@ -234,28 +254,12 @@ class TestStepCosts(CustomTestCase):
         self.assertEqual(table.estimate(3, 128), 0.0460)
 
     def test_a_stall_in_a_step_counts_only_step_is_capped_by_the_others_times(self):
-        # --speculative-adaptive on an H100 (tiny synthetic model): the only 7-step
-        # step at batch 32 caught a stall; 3 steps cost 1.12x at 32 what they do
-        # at 1, and 7 steps run there at that ratio until timed again.
-        def timed_below_32_and_stalled(step_counts_at_32):
-            table = StepCosts.unmeasured([PLAIN, 1, 3, 7], [1, 2, 4, 8, 16, 32, 64])
-            for mode, seconds in ((PLAIN, 0.00191), (1, 0.00448), (3, 0.00307)):
-                table.observe(mode, 1, seconds)
-                table.observe(mode, 1, seconds)
-            table.observe(7, 1, 0.00404)
-            table.observe(7, 1, 0.00404)
-            for mode, seconds in step_counts_at_32:
-                table.observe(mode, 32, seconds)
-                table.observe(mode, 32, seconds)
-            table.observe(7, 32, 0.0770)
-            return table
-
-        table = timed_below_32_and_stalled([(PLAIN, 0.00277)])
-        self.assertEqual(table.estimate(7, 32), 0.0770)  # a plain step is no guide
-        table = timed_below_32_and_stalled(
-            [(PLAIN, 0.00277), (1, 0.00459), (3, 0.00344)]
-        )
-        self.assertAlmostEqual(table.estimate(7, 32), 0.00344 * 0.00404 / 0.00307)
+        # 3 steps cost 1.12x at 32 what they do at 1: so do 7, until timed again.
+        capped = 0.00344 * 0.00404 / 0.00307
+        for others_at_32 in ("before", "after"):
+            with self.subTest(others_at_32=others_at_32):
+                table = adaptive_costs_with_a_stall(others_at_32)
+                self.assertAlmostEqual(table.estimate(7, 32), capped)
         accepted = {s: chain_accept_length(0.95, s) for s in (1, 3, 7)}
         acceptance = AcceptanceEstimate([1, 3, 7], {3: accepted[3]})
         for num_steps, accept_length in accepted.items():
@@ -263,6 +267,11 @@ class TestStepCosts(CustomTestCase):
         self.assertEqual(ThroughputPolicy(table, acceptance).decide(32).num_steps, 7)
         table.observe(7, 32, 0.0047)  # the low median of the two
         self.assertEqual(table.estimate(7, 32), 0.0047)
+
+    def test_a_plain_steps_time_does_not_cap_a_step_counts(self):
+        # A plain step's time grows far slower with the batch than a speculative one's.
+        table = adaptive_costs_with_a_stall(others_at_32="never")
+        self.assertEqual(table.estimate(7, 32), 0.0770)
 
     def test_the_cost_follows_the_last_samples(self):
         table = StepCosts.unmeasured([PLAIN, 3], SIZES, window=3)
