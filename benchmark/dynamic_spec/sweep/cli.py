@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import sys
+import traceback
 from typing import List, Optional, Tuple, Union
 
 from sglang.test.spec_engine_utils import (
@@ -34,8 +35,8 @@ from sweep.results import (
     results_dir,
     write_results,
 )
-from sweep.runs import run_config, run_decode_rate
-from sweep.server import config_server_args
+from sweep.runs import run_config, run_decode_rate, run_name, server_log_path
+from sweep.server import config_server_args, last_error_line
 from sweep.targets import suggested_threshold
 from sweep.workloads import sweep_workload
 
@@ -364,11 +365,33 @@ def main(description: Optional[str] = None) -> None:
     )
     save = record_saver(out_dir, header)
     log_dir = os.path.join(out_dir, "logs")
+    failed = []
     for server in range(args.servers):
         for config in configs:
-            config = with_suggested_threshold(args, config)
-            if args.decode_rate:
-                run_decode_rate(args, config, target, draft, log_dir, save)
-            else:
-                run_config(args, config, target, draft, log_dir, save, server)
+            try:
+                config = with_suggested_threshold(args, config)
+                if args.decode_rate:
+                    run_decode_rate(args, config, target, draft, log_dir, save)
+                else:
+                    run_config(args, config, target, draft, log_dir, save, server)
+            except Exception:
+                # A server that does not start or dies (out of GPU memory) costs its
+                # config only: the next config gets a fresh server.
+                name = run_name(config, server, bool(args.decode_rate))
+                report_failure(name, server_log_path(log_dir, name))
+                failed.append(name)
+                continue
             print(f"{config.name}: results in {out_dir}", flush=True)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}; the others' results are in {out_dir}")
+
+
+def report_failure(name: str, log_path: str) -> None:
+    """Print the exception being handled, and the server log's last error line."""
+    traceback.print_exc()
+    error = last_error_line(log_path) if os.path.exists(log_path) else None
+    print(
+        f"{name}: failed: {error or 'see the traceback above'} (server log: {log_path})",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -31,6 +31,14 @@ def server_log_path(log_dir: str, name: str) -> str:
     return os.path.join(log_dir, f"{name}.log")
 
 
+def run_name(config: Config, server: int = 0, decode_rate: bool = False) -> str:
+    """The name of a config's run (its server's log): its decode rates, or its sweep
+    in the server-th fresh server of --servers."""
+    if decode_rate:
+        return f"{config.name}-decode-rate"
+    return f"{config.name}-server{server}" if server else config.name
+
+
 def logged_decode_windows(log_path: str, config: Config) -> List[dict]:
     """The steady decode windows the config's server logged so far (decode_windows)."""
     with open(log_path, errors="replace") as log:
@@ -51,7 +59,7 @@ def run_config(
     after the ramp and after the content shift, so a run cut off keeps the points
     it finished."""
     prompts = PromptSource(args.input_len, seed=server)
-    server_name = f"{config.name}-server{server}" if server else config.name
+    server_name = run_name(config, server)
     log_path = server_log_path(log_dir, server_name)
 
     def save_with_decode_throughput(record: dict) -> None:
@@ -110,7 +118,7 @@ def run_decode_rate(
     """--decode-rate: a config's decode rate at each steady running batch, in a fresh
     server; save() gets the record's decode_rate section after every batch size."""
     prompts = PromptSource(args.input_len)
-    log_path = server_log_path(log_dir, f"{config.name}-decode-rate")
+    log_path = server_log_path(log_dir, run_name(config, decode_rate=True))
     with serving(
         args, config, target, draft, prompts, args.decode_rate, log_path
     ) as launched:

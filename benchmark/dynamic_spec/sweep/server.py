@@ -256,6 +256,17 @@ def verified_drafts(line: str) -> bool:
     return field is not None and float(field.group(1)) > 0
 
 
+def last_error_line(log_path: str) -> Optional[str]:
+    """The last line of a server log that names an error or exception (what killed
+    the server, where it died), or None."""
+    found = None
+    with open(log_path, errors="replace") as log:
+        for line in log:
+            if re.search(r"(Error|Exception)\b", line):
+                found = line.strip()
+    return found
+
+
 def decode_windows(log_lines: Iterable[str], speculative: bool) -> List[dict]:
     """The steady decode windows a server logged (--decode-log-interval steps without
     a prefill, the same running batch at both ends, and, where plain, no speculative

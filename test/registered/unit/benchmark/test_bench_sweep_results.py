@@ -2061,6 +2061,29 @@ class TestBenchSweepResults(CustomTestCase):
             [("nospec", 0), ("auto-topk1", 0), ("nospec", 1), ("auto-topk1", 1)],
         )
 
+    def test_a_config_whose_server_dies_does_not_stop_the_others(self):
+        ran = []
+        oom = (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 192.00 MiB."
+        )
+
+        def run_config(args, config, target, draft, log_dir, save, server):
+            ran.append(config.name)
+            if config.name == "adaptive-topk1":
+                os.makedirs(log_dir, exist_ok=True)
+                with open(os.path.join(log_dir, f"{config.name}.log"), "w") as log:
+                    log.write(f"[17:13:31] {oom}\n[17:13:31] SIGQUIT received.\n")
+                raise RuntimeError("Response payload is not completed")
+
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as exit:
+            self.run_main(
+                run_config, ["--configs", "auto-adaptive-topk1,adaptive-topk1,nospec"]
+            )
+        self.assertEqual(ran, ["auto-adaptive-topk1", "adaptive-topk1", "nospec"])
+        self.assertIn("failed: adaptive-topk1;", str(exit.exception.code))
+        self.assertIn(f"adaptive-topk1: failed: [17:13:31] {oom}", stderr.getvalue())
+
     def test_a_config_measured_in_several_servers_is_pooled(self):
         with tempfile.TemporaryDirectory() as out_dir:
             for server, speed in enumerate((100.0, 130.0, 110.0)):
