@@ -464,7 +464,7 @@ def adaptive_worker(candidate_steps, params, plain_step=True):
     )
 
 
-class TestSpecPolicyFromServerArgs(CustomTestCase):
+class TestBuildLoadAwarePolicy(CustomTestCase):
     def test_off_without_threshold_or_zero_step_tier(self):
         self.assertIsNone(build_load_aware_policy(load_aware_args()))
         self.assertIsNone(
