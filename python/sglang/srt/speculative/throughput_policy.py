@@ -293,10 +293,11 @@ class StepCosts:
     def _other_mode_bound(self, mode: int, i: int) -> Optional[float]:
         """For a speculative mode: what the other speculative modes timed at bucket
         ``i`` give there, each scaled by its time ratio to ``mode`` at the nearest
-        bucket both were timed at; the highest. Step counts' times grow alike with
-        the batch (a plain step's far slower). A probe runs the best other mode
-        only, so among several step counts, one priced out by a stall would not be
-        timed there again."""
+        bucket both were timed at more than once (a single step there may have
+        caught a stall, and a stalled other mode would scale ``mode`` down by the
+        stall); the highest. Step counts' times grow alike with the batch (a plain
+        step's far slower). A probe runs the best other mode only, so among several
+        step counts, one priced out by a stall would not be timed there again."""
         if mode == PLAIN:
             return None
         row = self._medians[mode]
@@ -305,10 +306,13 @@ class StepCosts:
             if other in (mode, PLAIN) or medians[i] is None:
                 continue
             for j in self._nearest_first[i]:
-                if row[j] is not None and medians[j] is not None:
+                if self._timed_repeatedly(mode, j) and self._timed_repeatedly(other, j):
                     bounds.append(medians[i] * row[j] / medians[j])
                     break
         return max(bounds, default=None)
+
+    def _timed_repeatedly(self, mode: int, i: int) -> bool:
+        return self._medians[mode][i] is not None and (mode, i) not in self._timed_once
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {

@@ -268,6 +268,29 @@ class TestStepCosts(CustomTestCase):
         table.observe(7, 32, 0.0047)  # the low median of the two
         self.assertEqual(table.estimate(7, 32), 0.0047)
 
+    def test_a_stall_in_another_step_counts_only_step_does_not_cap_a_step_count(self):
+        # llama8b on an H200 with --speculative-adaptive: the only 3-step step timed
+        # at batch 64 caught a stall, so 3 steps seemed to cost 5x what 7 do there;
+        # scaled by that, 3 steps' time at 256 capped 7's first one at a sixth of
+        # it, and the server ran 7 steps at batch 256 for 13 s instead of plain.
+        table = StepCosts.unmeasured([PLAIN, 3, 7], [1, 64, 256])
+        for mode, bs, seconds in (
+            (PLAIN, 1, 0.0043),
+            (3, 1, 0.00755),
+            (7, 1, 0.00843),
+            (7, 64, 0.02732),
+            (3, 256, 0.11981),
+            (PLAIN, 256, 0.01304),
+        ):
+            table.observe(mode, bs, seconds)
+            table.observe(mode, bs, seconds)
+        table.observe(3, 64, 0.13751)
+        table.observe(7, 256, 0.15633)
+        self.assertEqual(table.estimate(7, 256), 0.15633)
+        acceptance = AcceptanceEstimate([3, 7], {7: chain_accept_length(0.95, 7)})
+        p = ThroughputPolicy(table, acceptance, min_dwell_steps=0)
+        self.assertEqual(p.decide(256).num_steps, PLAIN)
+
     def test_a_plain_steps_time_does_not_cap_a_step_counts(self):
         # A plain step's time grows far slower with the batch than a speculative one's.
         table = adaptive_costs_with_a_stall(others_at_32="never")
