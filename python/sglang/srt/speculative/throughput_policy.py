@@ -112,6 +112,13 @@ def fit_chain_acceptance(accept_length: float, num_steps: int) -> float:
     return (lo + hi) / 2
 
 
+def _least_time_ratio(num_steps: int, other_num_steps: int) -> float:
+    """The least a step of ``num_steps`` draft steps can take, in steps of
+    ``other_num_steps`` at the same batch: no less than one of fewer draft steps,
+    and no less than its share of the draft steps of one of more."""
+    return min(num_steps, other_num_steps) / other_num_steps
+
+
 class StepCosts:
     """Seconds of one decode step by mode and batch bucket (a batch costs what the
     smallest bucket >= its size costs), measured online: a bucket's estimate is the
@@ -293,11 +300,12 @@ class StepCosts:
     def _other_mode_bound(self, mode: int, i: int) -> Optional[float]:
         """For a speculative mode: what the other speculative modes timed at bucket
         ``i`` give there, each scaled by its time ratio to ``mode`` at the nearest
-        bucket both were timed at more than once (a single step there may have
-        caught a stall, and a stalled other mode would scale ``mode`` down by the
-        stall); the highest. Step counts' times grow alike with the batch (a plain
-        step's far slower). A probe runs the best other mode only, so among several
-        step counts, one priced out by a stall would not be timed there again."""
+        bucket both were timed at; the highest. Step counts' times grow alike with
+        the batch (a plain step's far slower). A probe runs the best other mode
+        only, so among several step counts, one priced out by a stall would not be
+        timed there again. The ratio is at least what the step counts alone give
+        (``_least_time_ratio``): a stall in the other mode's time there would scale
+        ``mode`` down by the stall."""
         if mode == PLAIN:
             return None
         row = self._medians[mode]
@@ -306,13 +314,11 @@ class StepCosts:
             if other in (mode, PLAIN) or medians[i] is None:
                 continue
             for j in self._nearest_first[i]:
-                if self._timed_repeatedly(mode, j) and self._timed_repeatedly(other, j):
-                    bounds.append(medians[i] * row[j] / medians[j])
+                if row[j] is not None and medians[j] is not None:
+                    ratio = max(row[j] / medians[j], _least_time_ratio(mode, other))
+                    bounds.append(medians[i] * ratio)
                     break
         return max(bounds, default=None)
-
-    def _timed_repeatedly(self, mode: int, i: int) -> bool:
-        return self._medians[mode][i] is not None and (mode, i) not in self._timed_once
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {

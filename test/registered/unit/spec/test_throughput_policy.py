@@ -254,8 +254,9 @@ class TestStepCosts(CustomTestCase):
         self.assertEqual(table.estimate(3, 128), 0.0460)
 
     def test_a_stall_in_a_step_counts_only_step_is_capped_by_the_others_times(self):
-        # 3 steps cost 1.12x at 32 what they do at 1: so do 7, until timed again.
-        capped = 0.00344 * 0.00404 / 0.00307
+        # 7 steps cost no less than 1 step (the tiny model's 1-step steps took
+        # longer than its 7-step ones at batch 1), until timed again.
+        capped = 0.00459
         for others_at_32 in ("before", "after"):
             with self.subTest(others_at_32=others_at_32):
                 table = adaptive_costs_with_a_stall(others_at_32)
@@ -290,6 +291,30 @@ class TestStepCosts(CustomTestCase):
         acceptance = AcceptanceEstimate([3, 7], {7: chain_accept_length(0.95, 7)})
         p = ThroughputPolicy(table, acceptance, min_dwell_steps=0)
         self.assertEqual(p.decide(256).num_steps, PLAIN)
+
+    def test_a_stall_in_a_step_count_is_capped_where_only_single_steps_anchor_it(
+        self,
+    ):
+        # llama8b on an H100 with --speculative-adaptive: the only 7-step step timed
+        # at batch 64 caught a stall (115.7 ms; 40 ms once timed again), 3 steps
+        # were then the best other mode, so probes never timed 7 again there, and
+        # the server ran plain at C=64. The buckets both were timed at had them
+        # timed once or twice, one 7-step step faster than the 3-step ones.
+        table = StepCosts.unmeasured([PLAIN, 3, 7], [1, 4, 16, 64])
+        for mode, bs, seconds, times in (
+            (3, 4, 0.0064, 2),
+            (7, 4, 0.0050, 1),
+            (7, 16, 0.0160, 3),
+            (PLAIN, 64, 0.0087, 2),
+            (3, 64, 0.0352, 2),
+            (7, 64, 0.1157, 1),
+        ):
+            for _ in range(times):
+                table.observe(mode, bs, seconds)
+        self.assertEqual(table.estimate(7, 64), 0.0352)
+        acceptance = AcceptanceEstimate([3, 7], {7: chain_accept_length(0.95, 7)})
+        p = ThroughputPolicy(table, acceptance, min_dwell_steps=0)
+        self.assertEqual(p.decide(64).num_steps, 7)
 
     def test_a_plain_steps_time_does_not_cap_a_step_counts(self):
         # A plain step's time grows far slower with the batch than a speculative one's.
