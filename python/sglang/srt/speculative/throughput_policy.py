@@ -300,12 +300,13 @@ class StepCosts:
     def _other_mode_bound(self, mode: int, i: int) -> Optional[float]:
         """For a speculative mode: what the other speculative modes timed at bucket
         ``i`` give there, each scaled by its time ratio to ``mode`` at the nearest
-        bucket both were timed at; the highest. Step counts' times grow alike with
-        the batch (a plain step's far slower). A probe runs the best other mode
-        only, so among several step counts, one priced out by a stall would not be
-        timed there again. The ratio is at least what the step counts alone give
-        (``_least_time_ratio``): a stall in the other mode's time there would scale
-        ``mode`` down by the stall."""
+        bucket both were timed at, more than once where there is one; the highest.
+        Step counts' times grow alike with the batch (a plain step's far slower). A
+        probe runs the best other mode only, so among several step counts, one
+        priced out by a stall would not be timed there again. A single step at the
+        anchor may have caught a stall too, and a stalled other mode would scale
+        ``mode`` down by the stall: the ratio is at least what the step counts alone
+        give (``_least_time_ratio``)."""
         if mode == PLAIN:
             return None
         row = self._medians[mode]
@@ -313,12 +314,28 @@ class StepCosts:
         for other, medians in self._medians.items():
             if other in (mode, PLAIN) or medians[i] is None:
                 continue
-            for j in self._nearest_first[i]:
-                if row[j] is not None and medians[j] is not None:
-                    ratio = max(row[j] / medians[j], _least_time_ratio(mode, other))
-                    bounds.append(medians[i] * ratio)
-                    break
+            anchors = [
+                j
+                for j in self._nearest_first[i]
+                if row[j] is not None and medians[j] is not None
+            ]
+            if not anchors:
+                continue
+            j = next(
+                (
+                    j
+                    for j in anchors
+                    if self._timed_repeatedly(mode, j)
+                    and self._timed_repeatedly(other, j)
+                ),
+                anchors[0],
+            )
+            ratio = max(row[j] / medians[j], _least_time_ratio(mode, other))
+            bounds.append(medians[i] * ratio)
         return max(bounds, default=None)
+
+    def _timed_repeatedly(self, mode: int, i: int) -> bool:
+        return (mode, i) not in self._timed_once
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {

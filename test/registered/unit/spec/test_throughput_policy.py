@@ -316,6 +316,25 @@ class TestStepCosts(CustomTestCase):
         p = ThroughputPolicy(table, acceptance, min_dwell_steps=0)
         self.assertEqual(p.decide(64).num_steps, 7)
 
+    def test_a_stall_in_a_larger_step_count_at_the_anchor_does_not_cap_a_smaller(
+        self,
+    ):
+        # The mirror of the H200 case: a 7-step step stalled at batch 4, where both
+        # step counts were timed once, would scale 3 steps' true time at 64 down to
+        # less than half of it; batch 1 timed both more than once.
+        table = StepCosts.unmeasured([PLAIN, 3, 7], [1, 4, 64])
+        for mode, bs, seconds, times in (
+            (3, 1, 0.0055, 2),
+            (7, 1, 0.0057, 2),
+            (3, 4, 0.0064, 1),
+            (7, 4, 0.0500, 1),
+            (7, 64, 0.0400, 2),
+            (3, 64, 0.0350, 1),
+        ):
+            for _ in range(times):
+                table.observe(mode, bs, seconds)
+        self.assertEqual(table.estimate(3, 64), 0.0350)
+
     def test_a_plain_steps_time_does_not_cap_a_step_counts(self):
         # A plain step's time grows far slower with the batch than a speculative one's.
         table = adaptive_costs_with_a_stall(others_at_32="never")
