@@ -335,7 +335,7 @@ class StepCosts:
         return max(bounds, default=None)
 
     def _timed_repeatedly(self, mode: int, i: int) -> bool:
-        return (mode, i) not in self._timed_once
+        return self._medians[mode][i] is not None and (mode, i) not in self._timed_once
 
     def table(self) -> Dict[str, Dict[int, Optional[float]]]:
         return {
