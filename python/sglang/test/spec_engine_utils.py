@@ -58,10 +58,20 @@ TINY_LLAMA_CONFIG: Dict[str, object] = {
 }
 
 
+def benchmark_dir_on_path() -> Path:
+    """benchmark/dynamic_spec/ of this checkout, put on sys.path (where the scripts
+    there import each other from) if it was not."""
+    directory = REPO_ROOT / "benchmark" / "dynamic_spec"
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+    return directory
+
+
 def load_benchmark_script(name: str) -> types.ModuleType:
     """``benchmark/dynamic_spec/<name>.py`` of this checkout, imported as module
-    ``name`` (registered in sys.modules: dataclasses resolve annotations there)."""
-    path = REPO_ROOT / "benchmark" / "dynamic_spec" / f"{name}.py"
+    ``name`` (registered in sys.modules: dataclasses resolve annotations there)
+    with that directory on sys.path, as when it runs: it imports the others there."""
+    path = benchmark_dir_on_path() / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -73,9 +83,7 @@ def load_benchmark_package(name: str) -> types.ModuleType:
     """Package ``name`` of benchmark/dynamic_spec/ of this checkout (e.g. ``sweep``),
     imported as the scripts there import it (with that directory on sys.path), and
     all of its modules: ``sweep.stats`` and the others are attributes of it."""
-    directory = str(REPO_ROOT / "benchmark" / "dynamic_spec")
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
+    benchmark_dir_on_path()
     package = importlib.import_module(name)
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{name}.{module.name}")
