@@ -104,6 +104,18 @@ def adaptive_costs_with_a_stall(others_at_32: str) -> StepCosts:
     return table
 
 
+def costs_timed(
+    batch_sizes: List[int], samples: List[Tuple[int, int, float, int]]
+) -> StepCosts:
+    """Plain, 3- and 7-step costs at ``batch_sizes``, each (mode, batch size,
+    seconds, times) of ``samples`` observed that many times, in that order."""
+    table = StepCosts.unmeasured([PLAIN, 3, 7], batch_sizes)
+    for mode, bs, seconds, times in samples:
+        for _ in range(times):
+            table.observe(mode, bs, seconds)
+    return table
+
+
 def costs_untimed_at(mode: int, batch_size: int) -> StepCosts:
     """The fixture's step costs, every one timed but ``mode``'s at ``batch_size``."""
     table = StepCosts.unmeasured([PLAIN, 3], SIZES)
@@ -274,19 +286,19 @@ class TestStepCosts(CustomTestCase):
         # at batch 64 caught a stall, so 3 steps seemed to cost 5x what 7 do there;
         # scaled by that, 3 steps' time at 256 capped 7's first one at a sixth of
         # it, and the server ran 7 steps at batch 256 for 13 s instead of plain.
-        table = StepCosts.unmeasured([PLAIN, 3, 7], [1, 64, 256])
-        for mode, bs, seconds in (
-            (PLAIN, 1, 0.0043),
-            (3, 1, 0.00755),
-            (7, 1, 0.00843),
-            (7, 64, 0.02732),
-            (3, 256, 0.11981),
-            (PLAIN, 256, 0.01304),
-        ):
-            table.observe(mode, bs, seconds)
-            table.observe(mode, bs, seconds)
-        table.observe(3, 64, 0.13751)
-        table.observe(7, 256, 0.15633)
+        table = costs_timed(
+            [1, 64, 256],
+            [
+                (PLAIN, 1, 0.0043, 2),
+                (3, 1, 0.00755, 2),
+                (7, 1, 0.00843, 2),
+                (7, 64, 0.02732, 2),
+                (3, 256, 0.11981, 2),
+                (PLAIN, 256, 0.01304, 2),
+                (3, 64, 0.13751, 1),
+                (7, 256, 0.15633, 1),
+            ],
+        )
         self.assertEqual(table.estimate(7, 256), 0.15633)
         acceptance = AcceptanceEstimate([3, 7], {7: chain_accept_length(0.95, 7)})
         p = ThroughputPolicy(table, acceptance, min_dwell_steps=0)
@@ -300,17 +312,17 @@ class TestStepCosts(CustomTestCase):
         # were then the best other mode, so probes never timed 7 again there, and
         # the server ran plain at C=64. The buckets both were timed at had them
         # timed once or twice, one 7-step step faster than the 3-step ones.
-        table = StepCosts.unmeasured([PLAIN, 3, 7], [1, 4, 16, 64])
-        for mode, bs, seconds, times in (
-            (3, 4, 0.0064, 2),
-            (7, 4, 0.0050, 1),
-            (7, 16, 0.0160, 3),
-            (PLAIN, 64, 0.0087, 2),
-            (3, 64, 0.0352, 2),
-            (7, 64, 0.1157, 1),
-        ):
-            for _ in range(times):
-                table.observe(mode, bs, seconds)
+        table = costs_timed(
+            [1, 4, 16, 64],
+            [
+                (3, 4, 0.0064, 2),
+                (7, 4, 0.0050, 1),
+                (7, 16, 0.0160, 3),
+                (PLAIN, 64, 0.0087, 2),
+                (3, 64, 0.0352, 2),
+                (7, 64, 0.1157, 1),
+            ],
+        )
         self.assertEqual(table.estimate(7, 64), 0.0352)
         acceptance = AcceptanceEstimate([3, 7], {7: chain_accept_length(0.95, 7)})
         p = ThroughputPolicy(table, acceptance, min_dwell_steps=0)
@@ -322,17 +334,17 @@ class TestStepCosts(CustomTestCase):
         # The mirror of the H200 case: a 7-step step stalled at batch 4, where both
         # step counts were timed once, would scale 3 steps' true time at 64 down to
         # less than half of it; batch 1 timed both more than once.
-        table = StepCosts.unmeasured([PLAIN, 3, 7], [1, 4, 64])
-        for mode, bs, seconds, times in (
-            (3, 1, 0.0055, 2),
-            (7, 1, 0.0057, 2),
-            (3, 4, 0.0064, 1),
-            (7, 4, 0.0500, 1),
-            (7, 64, 0.0400, 2),
-            (3, 64, 0.0350, 1),
-        ):
-            for _ in range(times):
-                table.observe(mode, bs, seconds)
+        table = costs_timed(
+            [1, 4, 64],
+            [
+                (3, 1, 0.0055, 2),
+                (7, 1, 0.0057, 2),
+                (3, 4, 0.0064, 1),
+                (7, 4, 0.0500, 1),
+                (7, 64, 0.0400, 2),
+                (3, 64, 0.0350, 1),
+            ],
+        )
         self.assertEqual(table.estimate(3, 64), 0.0350)
 
     def test_a_plain_steps_time_does_not_cap_a_step_counts(self):
