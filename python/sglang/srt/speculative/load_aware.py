@@ -27,9 +27,10 @@ The scheduler allocates the step's KV slot before the step
 (``spec_policy.decode_kv_reserve``); its position, ``seq_len``, is only known
 here, once the overlap future map has resolved the previous step.
 
-A prefill while KV-only plain steps run writes its draft KV the same way
-(``prefills_kv_only``): no draft attention, MLP or LM head over the prompt, its
-last position left pending like a plain step's.
+A prefill writes its draft KV the same way (``prefills_kv_only``): no draft
+attention, MLP or LM head over the prompt. Its last position is left pending like
+a plain step's while plain steps run; while speculating, the one-token draft
+forward runs there at once.
 """
 
 from __future__ import annotations
@@ -391,6 +392,22 @@ class DraftKVWriteGraphs:
         )
 
 
+def at_last_positions(batch: ScheduleBatch) -> ScheduleBatch:
+    """A copy of ``batch`` for a one-token draft forward at each request's last
+    position with KV (``seq_lens - 1``): its KV goes to the padding slot 0, so
+    that the KV written there before stays."""
+    last = copy.copy(batch)
+    last.seq_lens = batch.seq_lens - 1
+    last.seq_lens_sum = None
+    if batch.seq_lens_cpu is not None:
+        last.seq_lens_cpu = batch.seq_lens_cpu - 1
+        last.seq_lens_sum = int(last.seq_lens_cpu.sum())
+    last.out_cache_loc = torch.zeros_like(batch.req_pool_indices, dtype=torch.int64)
+    # The draft's proposal needs no logprobs (a prefill's would be per prompt token).
+    last.return_logprob = False
+    return last
+
+
 class DraftCatchUp:
     """Writes the draft KV of the token a plain step decoded.
 
@@ -558,10 +575,13 @@ class DraftCatchUp:
         batch: ScheduleBatch,
         target_hidden_states: torch.Tensor,
         next_token_ids: torch.Tensor,
+        propose: bool,
     ) -> EagleDraftInput:
-        """The draft prefill of ``batch`` while KV-only plain steps run: the KV of
-        every position, as the draft extend writes it, with each request's last
-        position left pending (as a plain step leaves it) for ``resume``.
+        """The draft prefill of ``batch`` by its KV: the KV of every position, as
+        the draft extend writes it. The draft's proposal at each request's last
+        position is either computed at once by the one-token forward there
+        (``propose``: the next step may speculate), or left pending (as a plain
+        step leaves it) for ``resume``.
 
         target_hidden_states: [tokens, target hidden size x aux layers]."""
         positions, last_rows = prefill_positions_and_last_rows(
@@ -574,14 +594,23 @@ class DraftCatchUp:
         # Eagerly, after the last KV-write replay (which reads hidden_by_req).
         self.wait_for_kv_writes()
         self.write_kv(input_ids, positions, target_hidden_states, batch.out_cache_loc)
-        self.hidden_by_req[batch.req_pool_indices] = target_hidden_states[last_rows]
-        bs = len(batch.seq_lens)
-        self.resume_pending = True
         self.num_prefills_kv_only += 1
+        last_hidden_states = target_hidden_states[last_rows]
+        if propose:
+            topk_p, topk_index, hidden_states = self._forward(
+                at_last_positions(batch), last_hidden_states, next_token_ids
+            )
+        else:
+            self.hidden_by_req[batch.req_pool_indices] = last_hidden_states
+            self.resume_pending = True
+            bs = len(batch.seq_lens)
+            topk_p = self.pending_topk_p[:bs]
+            topk_index = self.pending_topk_index[:bs]
+            hidden_states = self.pending_hidden[:bs]
         return EagleDraftInput(
-            topk_p=self.pending_topk_p[:bs],
-            topk_index=self.pending_topk_index[:bs],
-            hidden_states=self.pending_hidden[:bs],
+            topk_p=topk_p,
+            topk_index=topk_index,
+            hidden_states=hidden_states,
             bonus_tokens=next_token_ids,
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,
@@ -623,17 +652,8 @@ class DraftCatchUp:
         self.wait_for_kv_writes()
         draft_input: EagleDraftInput = batch.spec_info
         pending = draft_input.topk_p[:, 0] < 0  # [bs]
-        catch_up_batch = copy.copy(batch)
-        catch_up_batch.seq_lens = batch.seq_lens - 1
-        catch_up_batch.seq_lens_sum = None
-        if batch.seq_lens_cpu is not None:
-            catch_up_batch.seq_lens_cpu = batch.seq_lens_cpu - 1
-            catch_up_batch.seq_lens_sum = int(catch_up_batch.seq_lens_cpu.sum())
-        catch_up_batch.out_cache_loc = torch.zeros_like(
-            batch.req_pool_indices, dtype=torch.int64
-        )
         topk_p, topk_index, hidden_states = self._forward(
-            catch_up_batch,
+            at_last_positions(batch),
             self.hidden_by_req[batch.req_pool_indices],
             draft_input.bonus_tokens,
         )
@@ -803,14 +823,13 @@ class LoadAwarePlainStep:
     def prefills_kv_only(
         self, batch: ScheduleBatch, batch_output: GenerationBatchResult
     ) -> bool:
-        """Whether this prefill writes only its draft KV: while plain steps run
-        (a KV-only one ran since the last speculative step), the draft's proposal
-        at the prompt's end is needed only if speculation resumes, and ``resume``
-        computes it then. While speculating, the next step needs that proposal at
-        once: ``resume`` would run after every prefill, over the whole batch. Not
-        for multimodal inputs, whose draft embeddings the target hands over."""
+        """Whether this prefill writes its draft KV alone (DraftCatchUp.prefill),
+        as KV-only plain steps do, instead of upstream's draft extend, which runs
+        the draft's attention, MLP and LM head over every prompt token for a
+        proposal needed only at the prompt's end. Not for multimodal inputs,
+        whose draft embeddings the target hands over."""
         return (
-            self.draft_catch_up.resume_pending
+            self.draft_catch_up.kv_only
             and not batch.forward_mode.is_idle()
             and batch_output.logits_output.mm_input_embeds is None
         )
@@ -818,14 +837,19 @@ class LoadAwarePlainStep:
     def draft_prefill(
         self, batch: ScheduleBatch, batch_output: GenerationBatchResult
     ) -> Optional[EagleDraftInput]:
-        """The draft prefill where ``prefills_kv_only`` (DraftCatchUp.prefill); else
-        None, for upstream's draft extend to run, which reads and writes the draft
-        KV: ordered after the last KV-write replay."""
+        """The draft prefill where ``prefills_kv_only``: while plain steps run (a
+        KV-only one ran since the last speculative step) the proposal at each
+        prompt's end is left to ``resume``, which runs once for the whole batch if
+        speculation resumes; while speculating the next step needs it at once, from
+        the one-token forward over the prefill's requests. Else None, for upstream's
+        draft extend to run, which reads and writes the draft KV: ordered after the
+        last KV-write replay."""
         if self.prefills_kv_only(batch, batch_output):
             return self.draft_catch_up.prefill(
                 batch,
                 batch_output.logits_output.hidden_states,
                 batch_output.next_token_ids,
+                propose=not self.draft_catch_up.resume_pending,
             )
         self.draft_catch_up.wait_for_kv_writes()
         return None

@@ -439,28 +439,33 @@ class TestLoadAwareFrequentResumeKVCheck(LoadAwareServerBase):
         self.assertAlmostEqual(measured, predicted, delta=0.10 * predicted)
         self.assert_server_alive_and_idle_clean()
 
-    def test_a_prompt_prefilled_after_plain_steps_drafts_from_its_draft_kv(self):
-        """A prefill while plain steps run writes the draft KV only (with the full
-        draft catch-up: the draft extend); the resume before the request's first
-        speculative step reads it. Its verify rounds must be those of the same
-        prompt prefilled after a speculative step."""
+    def test_a_prompt_drafts_alike_prefilled_while_speculating_or_plain(self):
+        """A prefill writes the draft KV only (with the full draft catch-up: runs
+        the draft extend). While speculating, the draft's proposal at the prompt's
+        end runs at once; after plain steps, the resume before the request's first
+        speculative step runs it. The request's verify rounds must be the same
+        either way."""
         from sglang.test.spec_engine_utils import post_generate
 
         prompt = self.prompts(1, seed=500)[0]
         num_tokens = self.resumed_request_tokens
+        kv_only_prefills = int(self.prefills_write_kv_only)
         post_generate(self.base_url, self.prompts(1, 501)[0], greedy_params(8))
         prefills_before = self.load_aware_state()["draft_prefills_kv_only"]
         reference = post_generate(self.base_url, prompt, greedy_params(num_tokens))
+        prefills = self.load_aware_state()["draft_prefills_kv_only"] - prefills_before
+        self.assertEqual(prefills, kv_only_prefills)
         self.assertEqual(requests.post(f"{self.base_url}/flush_cache").status_code, 200)
         pair = self.prompts(2, seed=502)
         ended_plain = post_generate(self.base_url, pair, greedy_params(16))
         self.assertEqual(
             [o["meta_info"].get("spec_verify_ct", 0) for o in ended_plain], [0, 0]
         )
+        prefills_before = self.load_aware_state()["draft_prefills_kv_only"]
         out = post_generate(self.base_url, prompt, greedy_params(num_tokens))
-        self.assert_outputs_intended([prompt] * 2, [reference, out], [num_tokens] * 2)
         prefills = self.load_aware_state()["draft_prefills_kv_only"] - prefills_before
-        self.assertEqual(prefills, int(self.prefills_write_kv_only))
+        self.assertEqual(prefills, kv_only_prefills)
+        self.assert_outputs_intended([prompt] * 2, [reference, out], [num_tokens] * 2)
         for key in ("spec_verify_ct", "spec_num_correct_drafts"):
             self.assertEqual(out["meta_info"][key], reference["meta_info"][key], key)
 

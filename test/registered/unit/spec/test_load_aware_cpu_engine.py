@@ -246,20 +246,22 @@ class ThresholdTests:
         self.assert_accept_length_predicted([out])
         self.assert_engine_alive()
 
-    def test_a_prompt_prefilled_after_plain_steps_drafts_from_its_draft_kv(self):
-        """A prefill while plain steps run writes the draft KV only; the resume
-        before the request's first speculative step reads it. Its verify rounds
-        must then be those of the same prompt prefilled with the full draft
-        extend (the kv-check draft proposes right only on valid draft KV)."""
+    def test_a_prompt_drafts_alike_prefilled_while_speculating_or_plain(self):
+        """A prefill writes the draft KV only. While speculating, the draft's
+        proposal at the prompt's end runs at once; after plain steps, the resume
+        before the request's first speculative step runs it. The request's verify
+        rounds must be the same either way (the kv-check draft proposes right only
+        on valid draft KV)."""
         prompt = self.prompts(1, seed=5)[0]
         self.run_lone_request(seed=6)  # a speculative step: nothing pending
         prefills_before = self.load_aware_state()["draft_prefills_kv_only"]
         reference = self.run_lone_request_of(prompt)
         self.assertEqual(
-            self.load_aware_state()["draft_prefills_kv_only"], prefills_before
+            self.load_aware_state()["draft_prefills_kv_only"], prefills_before + 1
         )
         self.assertTrue(self.engine.flush_cache().success)  # no cached prompt KV
         self.run_equal_lengths_to_the_end_in_plain_steps(seed=7)
+        prefills_before = self.load_aware_state()["draft_prefills_kv_only"]
         out = self.run_lone_request_of(prompt)
         self.assertEqual(
             self.load_aware_state()["draft_prefills_kv_only"], prefills_before + 1

@@ -764,21 +764,39 @@ class TestPlainStepKVOnlyDraftCatchUp(PlainStepTestBase):
         _, call = self.draft_model.calls
         self.assertEqual(call["input_ids"], [2, 3, 4, 2, 61])
 
-    def test_a_prefill_runs_the_draft_extend_unless_plain_steps_run(self):
-        plain = self.plain_step()
+    def test_a_prefill_while_speculating_proposes_at_each_prompts_end(self):
+        plain = self.plain_step()  # speculating: nothing pending
         batch, output = self.prefill([3, 2])
-        self.assertFalse(plain.prefills_kv_only(batch, output))  # none ran yet
-        plain, batch, result, _, _ = self.step(plain)
-        batch.spec_info = result.next_draft_input
-        batch.seq_lens = result.new_seq_lens
-        batch.seq_lens_cpu = result.new_seq_lens.cpu()
-        batch.forward_mode = ForwardMode.DECODE
-        plain.resume_speculation(batch)
-        prefill, output = self.prefill([3, 2])
-        self.assertFalse(plain.prefills_kv_only(prefill, output))  # speculating
-        plain.draft_catch_up.resume_pending = True
-        output.logits_output.mm_input_embeds = torch.zeros(5, DRAFT_HIDDEN)
-        self.assertFalse(plain.prefills_kv_only(prefill, output))
+        slots = batch.out_cache_loc.tolist()
+        self.assertTrue(plain.prefills_kv_only(batch, output))
+
+        draft_input = plain.draft_prefill(batch, output)
+
+        # The KV of every prompt position, as while plain steps run.
+        (call,) = self.draft_model.calls
+        self.assertEqual(call["input_ids"], [2, 3, 60, 2, 61])
+        self.assertEqual(call["positions"], [0, 1, 2, 0, 1])
+        self.assertEqual(call["out_cache_loc"], slots)
+        # Then one full draft forward at each prompt's last position, on the
+        # request's next token and the target hidden state there; it writes its KV
+        # to the padding slot 0: the KV just written at that position stays.
+        (forward,) = self.draft_runner.forward_batches
+        self.assertEqual(forward["forward_mode"], ForwardMode.DRAFT_EXTEND_V2)
+        self.assertEqual(forward["input_ids"], [60, 61])
+        self.assertEqual(forward["positions"], [2, 1])
+        self.assertEqual(forward["out_cache_loc"], [0, 0])
+        self.assertEqual(forward["spec_info"].hidden_states[:, 0].tolist(), [2, 4])
+        # Its proposal is the next step's draft input: nothing left pending.
+        self.assertEqual(draft_input.topk_index[:, 0].tolist(), [3, 4])
+        self.assertTrue(bool((draft_input.topk_p[:, 0] > 0.9).all()))
+        self.assertEqual(draft_input.hidden_states[:, 0].tolist(), [7.0, 7.0])
+        self.assertIs(draft_input.bonus_tokens, output.next_token_ids)
+        self.assertFalse(plain.draft_catch_up.resume_pending)
+        self.assertEqual(plain.get_state(), {"draft_prefills_kv_only": 1})
+        # The prefill's own batch is untouched.
+        self.assertEqual(batch.seq_lens.tolist(), [3, 2])
+        self.assertTrue(batch.forward_mode.is_extend())
+        self.assertEqual(batch.out_cache_loc.tolist(), slots)
 
     def test_a_multimodal_prefill_runs_the_draft_extend_after_the_kv_writes(self):
         plain, *_ = self.step()
