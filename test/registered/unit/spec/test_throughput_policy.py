@@ -116,6 +116,14 @@ def costs_timed(
     return table
 
 
+def chain_step_count_decided(table: StepCosts, batch_size: int) -> int:
+    """The mode a policy on ``table`` runs at ``batch_size``, with the 7-step chain
+    accepting 0.95 of its drafts and no dwell."""
+    acceptance = AcceptanceEstimate([3, 7], {7: chain_accept_length(0.95, 7)})
+    policy = ThroughputPolicy(table, acceptance, min_dwell_steps=0)
+    return policy.decide(batch_size).num_steps
+
+
 def costs_untimed_at(mode: int, batch_size: int) -> StepCosts:
     """The fixture's step costs, every one timed but ``mode``'s at ``batch_size``."""
     table = StepCosts.unmeasured([PLAIN, 3], SIZES)
@@ -300,9 +308,7 @@ class TestStepCosts(CustomTestCase):
             ],
         )
         self.assertEqual(table.estimate(7, 256), 0.15633)
-        acceptance = AcceptanceEstimate([3, 7], {7: chain_accept_length(0.95, 7)})
-        p = ThroughputPolicy(table, acceptance, min_dwell_steps=0)
-        self.assertEqual(p.decide(256).num_steps, PLAIN)
+        self.assertEqual(chain_step_count_decided(table, 256), PLAIN)
 
     def test_a_stall_in_a_step_count_is_capped_where_only_single_steps_anchor_it(
         self,
@@ -324,9 +330,7 @@ class TestStepCosts(CustomTestCase):
             ],
         )
         self.assertEqual(table.estimate(7, 64), 0.0352)
-        acceptance = AcceptanceEstimate([3, 7], {7: chain_accept_length(0.95, 7)})
-        p = ThroughputPolicy(table, acceptance, min_dwell_steps=0)
-        self.assertEqual(p.decide(64).num_steps, 7)
+        self.assertEqual(chain_step_count_decided(table, 64), 7)
 
     def test_a_stall_in_a_larger_step_count_at_the_anchor_does_not_cap_a_smaller(
         self,
